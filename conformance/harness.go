@@ -1,0 +1,96 @@
+// Package conformance is the shared test suite every driver must pass.
+//
+// A driver's test file is a few lines:
+//
+//	func TestConformance(t *testing.T) { conformance.Run(t, myHarness{}) }
+//
+// The suite asks the harness for a fresh, isolated store per test, drives it
+// through the driver.Coordinator contract with a controllable clock, and
+// asserts the resulting state through driver.Inspector. Cases that need an
+// optional capability are skipped with a reason when the harness does not
+// declare it; the suite never asks which driver it is testing.
+package conformance
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/workpump/workpump/driver"
+)
+
+// StoreConfig is what the suite asks of a new store.
+type StoreConfig struct {
+	// Now is the store's clock. Drivers pass it to every call instead of the
+	// database clock (the test-only injection the driver contract allows).
+	Now func() time.Time
+	// PartitionCount is the partition count rows are enqueued with.
+	PartitionCount int
+}
+
+// Store is one fresh, isolated store made for one test.
+type Store struct {
+	// Coordinator must also implement driver.Inspector, and driver.Listener
+	// when the harness declares Capabilities.Signals.
+	Coordinator driver.Coordinator
+	// Faults injects failures; required when Capabilities.Faults is set.
+	Faults Faults
+}
+
+// Faults breaks things the way production breaks them.
+type Faults interface {
+	// KillListener ends instanceID's listener connection abruptly, as a
+	// crashed process would: its alive-lock is released and no deregister
+	// runs. The subscription then reports the gate unavailable.
+	KillListener(instanceID uuid.UUID) error
+	// HoldAliveLock takes instanceID's alive-lock from a separate session, as
+	// a half-open peer's server-side session would keep it. release gives it up.
+	HoldAliveLock(instanceID uuid.UUID) (release func(), err error)
+}
+
+// Capabilities declares what optional parts of the contract a driver has.
+type Capabilities struct {
+	// Signals: the Coordinator implements driver.Listener and delivers wake
+	// signals and gate changes.
+	Signals bool
+	// AliveLock: subscriptions hold an alive-lock that CleanupStale and the
+	// Inspector observe.
+	AliveLock bool
+	// Faults: Store.Faults is set.
+	Faults bool
+}
+
+// Harness makes stores for the suite.
+type Harness interface {
+	// MakeStore returns a fresh store isolated from every other test's store.
+	// It registers its own cleanup with t.Cleanup.
+	MakeStore(t *testing.T, cfg StoreConfig) Store
+	Capabilities() Capabilities
+}
+
+// Clock is the controllable time source the suite gives each store. It is
+// truncated to microseconds, the precision of Postgres timestamps.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock returns a clock set to start (truncated to microseconds, UTC).
+func NewClock(start time.Time) *Clock {
+	return &Clock{t: start.UTC().Truncate(time.Microsecond)}
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d).Truncate(time.Microsecond)
+}

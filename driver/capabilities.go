@@ -1,0 +1,148 @@
+package driver
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// SignalKind says why a Subscription woke its instance.
+type SignalKind int
+
+const (
+	// SignalWork: new work for Category was committed for this instance.
+	SignalWork SignalKind = iota + 1
+	// SignalOrphan: a peer was evicted; its work may now be this instance's.
+	SignalOrphan
+	// SignalGateAvailable: the listener (re)connected; signals flow again.
+	SignalGateAvailable
+	// SignalGateUnavailable: the listener is down; poll at the tight base.
+	SignalGateUnavailable
+)
+
+// String names k.
+func (k SignalKind) String() string {
+	switch k {
+	case SignalWork:
+		return "work"
+	case SignalOrphan:
+		return "orphan"
+	case SignalGateAvailable:
+		return "gate-available"
+	case SignalGateUnavailable:
+		return "gate-unavailable"
+	}
+	return "unknown"
+}
+
+// Signal is one wake-up delivered to a subscribed instance.
+type Signal struct {
+	Kind     SignalKind
+	Category Category // set for SignalWork
+}
+
+// Listener is the optional capability of stores that can push wake signals
+// and hold an alive-lock (Postgres: LISTEN and a session advisory lock on one
+// dedicated connection).
+type Listener interface {
+	// Listen starts listening for signals addressed to instanceID and takes
+	// its alive-lock. The subscription reconnects by itself; it reports gate
+	// changes as signals. It returns once the first connection attempt ended,
+	// whether or not it succeeded (then Available is false).
+	Listen(ctx context.Context, instanceID uuid.UUID) (Subscription, error)
+}
+
+// Subscription is one instance's live listener.
+type Subscription interface {
+	// Signals delivers wake-ups. Delivery coalesces: a full buffer drops
+	// signals, since any one of them only asks for a poll; gate state is
+	// always readable through Available.
+	Signals() <-chan Signal
+	// Available reports whether the listener is connected (the "gate").
+	Available() bool
+	// AliveLockHeld reports whether this process holds the instance's alive-lock.
+	AliveLockHeld() bool
+	// Close stops listening and releases the alive-lock. Idempotent.
+	Close() error
+}
+
+// SchemaChecker is the optional capability of stores with a schema to
+// install. CheckSchema returns an error wrapping ErrSchemaNotReady, whose
+// message says how to migrate, when the schema is missing or too old.
+type SchemaChecker interface {
+	CheckSchema(ctx context.Context) error
+}
+
+// PurgeRequest is the argument of Purger.Purge. A zero age skips that purge.
+type PurgeRequest struct {
+	ProcessedOlderThan   time.Duration // processed (kept) rows, e.g. inbox dedupe records
+	DeadLettersOlderThan time.Duration
+	StreamsExpiredFor    time.Duration // ownerless or expired stream ownership rows
+}
+
+// PurgeResult counts what Purge removed.
+type PurgeResult struct {
+	Processed, DeadLetters, Streams int
+}
+
+// Purger is the optional capability of stores that keep history.
+type Purger interface {
+	Purge(ctx context.Context, req PurgeRequest) (PurgeResult, error)
+}
+
+// WorkState is a row as an Inspector sees it, including processed rows that
+// the store keeps.
+type WorkState struct {
+	Work
+	InstanceID  uuid.UUID // zero when unowned
+	ProcessedAt time.Time // zero when unprocessed
+	LastError   string
+}
+
+// DeadLetter is a row moved out of its category after MaxAttempts failures.
+type DeadLetter struct {
+	Work
+	Error          string
+	DeadLetteredAt time.Time
+}
+
+// StreamOwner is one stream ownership row.
+type StreamOwner struct {
+	StreamID    string
+	InstanceID  uuid.UUID // zero when released
+	LeaseExpiry time.Time
+}
+
+// CategoryStats counts one category's rows at the store's now.
+type CategoryStats struct {
+	Ready     int // due, unowned or expired, unprocessed
+	Scheduled int // unprocessed, not due
+	Leased    int // leased with an unexpired lease
+	Orphaned  int // leased with an expired lease
+	Processed int // kept processed rows
+}
+
+// Stats is the Inspector's summary.
+type Stats struct {
+	Now         time.Time
+	Categories  map[Category]CategoryStats
+	DeadLetters int
+	Instances   []InstanceState
+	// LeasesByInstance counts unexpired leases per instance and category.
+	LeasesByInstance map[uuid.UUID]map[Category]int
+}
+
+// Inspector is the optional capability to read the store's state: used by
+// the status command and by the conformance suite to assert what a call did.
+type Inspector interface {
+	// GetWork returns a row (processed ones included while kept); ok is false
+	// when the row does not exist.
+	GetWork(ctx context.Context, c Category, id uuid.UUID) (ws WorkState, ok bool, err error)
+	ListInstances(ctx context.Context) ([]InstanceState, error)
+	ListDeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
+	GetStreamOwner(ctx context.Context, streamID string) (so StreamOwner, ok bool, err error)
+	Stats(ctx context.Context) (Stats, error)
+	// Now returns the store's clock.
+	Now(ctx context.Context) (time.Time, error)
+}

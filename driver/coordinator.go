@@ -1,0 +1,236 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Coordinator is the contract a store implements. All methods are safe for
+// concurrent use. Every method validates its whole argument first; bad input
+// returns an error (see package doc) and writes nothing.
+type Coordinator interface {
+	// Enqueue stores new work outside any caller transaction and returns the
+	// ids in input order (assigned ids included). Drivers also offer an
+	// EnqueueTx that takes the caller's transaction. Wake signals are sent
+	// after commit to the instance that will claim each item.
+	Enqueue(ctx context.Context, items []NewWork) ([]uuid.UUID, error)
+
+	// ClaimWork leases due, claimable rows to req.InstanceID (see package doc
+	// for the predicate, order and rank rules). With nothing claimable it
+	// writes nothing.
+	ClaimWork(ctx context.Context, req ClaimRequest) (ClaimResult, error)
+
+	// RenewLeases sets lease expiry = now+Lease for the given ids that are
+	// still unprocessed and leased to req.InstanceID (owner fencing). Ids it
+	// did not renew are returned in Lost.
+	RenewLeases(ctx context.Context, req RenewRequest) (RenewResult, error)
+
+	// Complete marks handed-out attempts done (fenced by Ref).
+	Complete(ctx context.Context, instanceID uuid.UUID, refs []Ref) (AckResult, error)
+
+	// Fail records failures: retry with backoff, or dead letter at
+	// MaxAttempts (fenced by Ref).
+	Fail(ctx context.Context, req FailRequest) (AckResult, error)
+
+	// Release clears the leases of attempts the caller never ran and gives
+	// the attempt back (Attempts decremented), so order-blocked or unstarted
+	// work is not charged an attempt (fenced by Ref).
+	Release(ctx context.Context, instanceID uuid.UUID, refs []Ref) (AckResult, error)
+
+	// RecordHeartbeat upserts the instance row with last heartbeat = now and
+	// runs the stale sweep when another instance is older than StaleAfter.
+	RecordHeartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error)
+
+	// CleanupStale evicts dead instances (see package doc) and returns their ids.
+	CleanupStale(ctx context.Context, req CleanupRequest) ([]uuid.UUID, error)
+
+	// Deregister releases every lease and stream the instance holds and
+	// deletes its row. Deregistering an unknown instance is not an error.
+	Deregister(ctx context.Context, instanceID uuid.UUID) error
+}
+
+// ClaimRequest is the argument of ClaimWork.
+type ClaimRequest struct {
+	InstanceID uuid.UUID
+	// Categories to claim from; empty means all four.
+	Categories []Category
+	// Lease is the lease length applied to claimed rows (spec default 300 s).
+	Lease time.Duration
+	// MaxPerCategory caps the rows returned per category (spec:
+	// MaxStreamsPerBatch, default 1000).
+	MaxPerCategory int
+}
+
+// Validate checks r.
+func (r ClaimRequest) Validate() error {
+	if r.InstanceID == uuid.Nil {
+		return fmt.Errorf("%w: InstanceID: nil UUID", ErrInvalidArgument)
+	}
+	for i, c := range r.Categories {
+		if err := c.Validate(); err != nil {
+			return fmt.Errorf("Categories[%d]: %w", i, err)
+		}
+	}
+	if r.Lease <= 0 {
+		return fmt.Errorf("%w: Lease: %v, want > 0", ErrInvalidArgument, r.Lease)
+	}
+	if r.MaxPerCategory <= 0 {
+		return fmt.Errorf("%w: MaxPerCategory: %d, want > 0", ErrInvalidArgument, r.MaxPerCategory)
+	}
+	return nil
+}
+
+// CategoriesOrAll returns r.Categories, or all categories when it is empty,
+// without repeats, in Categories order.
+func (r ClaimRequest) CategoriesOrAll() []Category {
+	if len(r.Categories) == 0 {
+		return Categories
+	}
+	out := make([]Category, 0, len(Categories))
+	for _, c := range Categories {
+		for _, want := range r.Categories {
+			if c == want {
+				out = append(out, c)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// ClaimResult is what ClaimWork handed out.
+type ClaimResult struct {
+	// Work is grouped by category (Categories order); within a category it is
+	// sorted by Seq, so each stream's items appear in order.
+	Work []Work
+	// HasMore is true when some category returned MaxPerCategory rows: the
+	// caller should claim again at once.
+	HasMore bool
+}
+
+// RenewRequest is the argument of RenewLeases.
+type RenewRequest struct {
+	InstanceID uuid.UUID
+	Category   Category
+	IDs        []uuid.UUID
+	Lease      time.Duration
+}
+
+// Validate checks r; receptor gives ErrNotRenewable.
+func (r RenewRequest) Validate() error {
+	if r.InstanceID == uuid.Nil {
+		return fmt.Errorf("%w: InstanceID: nil UUID", ErrInvalidArgument)
+	}
+	if err := r.Category.Validate(); err != nil {
+		return fmt.Errorf("Category: %w", err)
+	}
+	if !r.Category.Renewable() {
+		return fmt.Errorf("%w: %s leases are not renewable", ErrNotRenewable, r.Category)
+	}
+	if err := ValidateIDs("IDs", r.IDs); err != nil {
+		return err
+	}
+	if r.Lease <= 0 {
+		return fmt.Errorf("%w: Lease: %v, want > 0", ErrInvalidArgument, r.Lease)
+	}
+	return nil
+}
+
+// RenewResult reports a RenewLeases call.
+type RenewResult struct {
+	Renewed int         // rows whose lease was extended
+	Lost    []uuid.UUID // requested ids not renewed (processed, gone, or leased to another instance)
+}
+
+// FailRequest is the argument of Fail.
+type FailRequest struct {
+	InstanceID uuid.UUID
+	Failures   []Failure
+	// MaxAttempts: a failure whose Attempts >= MaxAttempts dead-letters the row.
+	MaxAttempts int
+	// RetryBase and RetryMax shape the backoff: RetryDelay(attempts, base, max).
+	RetryBase time.Duration
+	RetryMax  time.Duration
+}
+
+// Validate checks r.
+func (r FailRequest) Validate() error {
+	if r.InstanceID == uuid.Nil {
+		return fmt.Errorf("%w: InstanceID: nil UUID", ErrInvalidArgument)
+	}
+	if len(r.Failures) == 0 {
+		return fmt.Errorf("%w: Failures: empty", ErrInvalidArgument)
+	}
+	refs := make([]Ref, len(r.Failures))
+	for i, f := range r.Failures {
+		refs[i] = f.Ref
+		if f.RetryAfter < 0 {
+			return fmt.Errorf("%w: Failures[%d].RetryAfter: %v is negative", ErrInvalidArgument, i, f.RetryAfter)
+		}
+	}
+	if err := ValidateRefs(refs); err != nil {
+		return fmt.Errorf("Failures: %w", err)
+	}
+	if r.MaxAttempts <= 0 {
+		return fmt.Errorf("%w: MaxAttempts: %d, want > 0", ErrInvalidArgument, r.MaxAttempts)
+	}
+	if r.RetryBase <= 0 {
+		return fmt.Errorf("%w: RetryBase: %v, want > 0", ErrInvalidArgument, r.RetryBase)
+	}
+	if r.RetryMax < r.RetryBase {
+		return fmt.Errorf("%w: RetryMax: %v is below RetryBase %v", ErrInvalidArgument, r.RetryMax, r.RetryBase)
+	}
+	return nil
+}
+
+// AckResult reports Complete, Fail and Release.
+type AckResult struct {
+	Applied      int   // refs applied (completed, retried or dead-lettered, released)
+	DeadLettered []Ref // Fail only: refs moved to the dead letters
+	Lost         []Ref // refs not applied: the caller no longer holds that attempt
+}
+
+// HeartbeatRequest is the argument of RecordHeartbeat.
+type HeartbeatRequest struct {
+	Instance Instance
+	// StaleAfter is the stale cutoff age (spec default 30 s).
+	StaleAfter time.Duration
+	// DeadAfter is the definitive-dead age (spec default 5 min).
+	DeadAfter time.Duration
+}
+
+// Validate checks r.
+func (r HeartbeatRequest) Validate() error {
+	if err := r.Instance.Validate(); err != nil {
+		return err
+	}
+	return validateCutoffs(r.StaleAfter, r.DeadAfter)
+}
+
+// HeartbeatResult reports RecordHeartbeat.
+type HeartbeatResult struct {
+	// Evicted lists instances removed by the opportunistic stale sweep.
+	Evicted []uuid.UUID
+}
+
+// CleanupRequest is the argument of CleanupStale.
+type CleanupRequest struct {
+	StaleAfter time.Duration
+	DeadAfter  time.Duration
+}
+
+// Validate checks r.
+func (r CleanupRequest) Validate() error { return validateCutoffs(r.StaleAfter, r.DeadAfter) }
+
+func validateCutoffs(stale, dead time.Duration) error {
+	if stale <= 0 {
+		return fmt.Errorf("%w: StaleAfter: %v, want > 0", ErrInvalidArgument, stale)
+	}
+	if dead < stale {
+		return fmt.Errorf("%w: DeadAfter: %v is below StaleAfter %v", ErrInvalidArgument, dead, stale)
+	}
+	return nil
+}

@@ -1,0 +1,65 @@
+// Package driver is the contract between the work pump and a store.
+//
+// It plays the role database/sql/driver plays for database/sql: a small
+// interface (Coordinator) that a store implements, optional capability
+// interfaces (Listener, Inspector, SchemaChecker, Purger) that a store may add,
+// and the portable value types both sides share. Nothing here knows a
+// database; the workers in package workers and the Pump use only this package,
+// and the shared conformance suite (package conformance) pins down every rule
+// written in these doc comments on every driver.
+//
+// # Semantics every driver implements
+//
+// Time. The store's clock is the authority: on Postgres that is now(). Drivers
+// accept an optional Now func for tests; nothing in a production path reads
+// the application clock.
+//
+// Leases. ClaimWork leases each returned row to the caller: InstanceID is set
+// to the caller and LeaseExpiry to now+Lease. A row is claimable only when it
+// is unprocessed AND (unowned OR its lease has expired) AND it is due
+// (ScheduledFor <= now). Every claim increments Attempts, so the first claim
+// hands out attempt 1 and a re-issue after expiry, failure or release hands out
+// a higher number; Work.Orphaned is true when the row had been handed out
+// before. The (ID, Attempts) pair is the fencing token that Complete and Fail
+// check.
+//
+// Streams and order. Rows with the same order scope are handed out strictly in
+// enqueue order (Work.Seq): a row is claimable only when every earlier
+// unprocessed row of its scope is claimable in the same call (a "prefix"). An
+// earlier row that is leased with an unexpired lease, or scheduled in the
+// future for a retry, blocks all later rows of the scope. The order scope is
+// (category, StreamID, Name) for perspective_event and (category, StreamID)
+// for the other categories. Rows with an empty StreamID have no order.
+//
+// Partitions and ranks. Each row stores Partition = PartitionOf(key,
+// partitionCount), where key is the StreamID, or the row ID for rows without a
+// stream. The live instances are the registered ones (rows in the instances
+// table; stale ones are removed by CleanupStale), ordered by ID; an instance's
+// rank is its 0-based position. A stream owned by a live instance whose stream
+// lease has not expired is claimed only by that owner. Any other row is
+// claimed only by the instance whose rank equals Partition mod liveCount.
+// Claiming a row of a stream makes the caller its owner until now+Lease;
+// renewing a row's lease extends its stream's lease too.
+//
+// Completion, failure, dead letters. Complete removes a row (inbox rows are
+// kept, marked processed, so a redelivered message id is deduplicated until it
+// is purged). Fail records the error, clears the lease and schedules a retry at
+// now + RetryDelay(attempts, base, max); when Attempts >= MaxAttempts the row
+// moves to the dead letters with its error instead. Release clears the lease
+// of work the caller never ran and gives back the attempt. All three are
+// fenced: a ref whose row is no longer leased to the caller with the same
+// attempt is not applied and is reported in Lost.
+//
+// Instances. RecordHeartbeat upserts the caller's instance row with
+// last heartbeat = now, then, only if some other instance is older than
+// StaleAfter, runs the same sweep as CleanupStale. CleanupStale removes
+// instances older than StaleAfter whose alive-lock is not held, and instances
+// older than DeadAfter regardless of the lock; it releases every lease and
+// stream they hold in all four categories and signals the surviving instances
+// (SignalOrphan). Deregister does the same for one instance at once (graceful
+// shutdown).
+//
+// Bad input never writes: every method validates its whole argument first and
+// returns an error wrapping ErrInvalidArgument (or ErrUnknownCategory,
+// ErrNotRenewable) that names the offending field.
+package driver

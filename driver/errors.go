@@ -1,0 +1,26 @@
+package driver
+
+import "errors"
+
+var (
+	// ErrInvalidArgument is wrapped by every error about bad input; the
+	// message names the offending field. Nothing is written when it is returned.
+	ErrInvalidArgument = errors.New("workpump: invalid argument")
+	// ErrUnknownCategory is returned for a category that is not one of the four.
+	ErrUnknownCategory = errors.New("workpump: unknown category")
+	// ErrNotRenewable is returned by RenewLeases for receptor work.
+	ErrNotRenewable = errors.New("workpump: category is not renewable")
+	// ErrUnknownInstance is returned by ClaimWork and RenewLeases for an
+	// instance that has no instance row (never heartbeated, deregistered or
+	// evicted as stale). Record a heartbeat first.
+	ErrUnknownInstance = errors.New("workpump: instance is not registered")
+	// ErrLeaseLost is reported (wrapped, per item) when the caller no longer
+	// owns the lease it tries to renew, complete or fail.
+	ErrLeaseLost = errors.New("workpump: lease lost")
+	// ErrSchemaNotReady is returned when the store's schema is missing or older
+	// than the code; the message says how to migrate.
+	ErrSchemaNotReady = errors.New("workpump: schema not ready")
+	// ErrClosed is returned by calls on a closed coordinator, subscription or
+	// a killed memdriver instance.
+	ErrClosed = errors.New("workpump: closed")
+)

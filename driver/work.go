@@ -1,0 +1,199 @@
+package driver
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// Limits checked by ValidateNewWork. They are part of the contract so that
+// every driver accepts and rejects the same input.
+const (
+	// MaxPayloadBytes is the largest Payload accepted by Enqueue (8 MiB).
+	MaxPayloadBytes = 8 << 20
+	// MaxMetadataBytes is the largest Metadata accepted by Enqueue (64 KiB).
+	MaxMetadataBytes = 64 << 10
+	// MaxStreamIDBytes is the longest StreamID accepted by Enqueue.
+	MaxStreamIDBytes = 255
+	// MaxNameBytes is the longest Name or MessageType accepted by Enqueue.
+	MaxNameBytes = 255
+)
+
+// NewWork is one item to enqueue.
+type NewWork struct {
+	// ID is the item's key (message id, event work id, receptor id). Zero
+	// means the driver assigns a new UUIDv7. Enqueue is idempotent on ID while
+	// the row exists; see the Inbox category for the stronger inbox rule.
+	ID uuid.UUID
+	// Category selects the table.
+	Category Category
+	// StreamID groups items that must be handled in order; empty means no order.
+	StreamID string
+	// Name is the destination (outbox), handler (inbox), perspective
+	// (perspective_event) or receptor (receptor) the handler is chosen by.
+	Name string
+	// MessageType is the application's type name for Payload.
+	MessageType string
+	// Payload is the opaque message body, at most MaxPayloadBytes.
+	Payload []byte
+	// Metadata is a JSON object (or empty, meaning {}), at most MaxMetadataBytes.
+	Metadata json.RawMessage
+	// ScheduledFor delays the item until that time; zero means due now. It is
+	// compared with the store's clock.
+	ScheduledFor time.Time
+}
+
+// Work is a claimed item as handed to the pump.
+type Work struct {
+	ID           uuid.UUID
+	Category     Category
+	StreamID     string
+	Partition    int
+	Name         string
+	MessageType  string
+	Payload      []byte
+	Metadata     json.RawMessage
+	Attempts     int       // times this row has been handed out, this claim included
+	Seq          int64     // enqueue order; order scopes are sorted by it
+	ScheduledFor time.Time // zero when the item was due at enqueue
+	CreatedAt    time.Time
+	LeaseExpiry  time.Time // store time at which the lease ends unless renewed
+	Orphaned     bool      // true when the row had been handed out before
+}
+
+// Ref returns the fencing reference of w for Complete, Fail and Release.
+func (w Work) Ref() Ref { return Ref{Category: w.Category, ID: w.ID, Attempts: w.Attempts} }
+
+// Ref identifies one handed-out attempt of a row: the fencing token used by
+// Complete, Fail and Release.
+type Ref struct {
+	Category Category
+	ID       uuid.UUID
+	Attempts int
+}
+
+// String formats r for logs.
+func (r Ref) String() string { return fmt.Sprintf("%s/%s#%d", r.Category, r.ID, r.Attempts) }
+
+// Failure is one failed attempt reported to Fail.
+type Failure struct {
+	Ref Ref
+	// Error is the failure text stored with the row (and in the dead letter).
+	Error string
+	// RetryAfter overrides the backoff for this item when positive.
+	RetryAfter time.Duration
+}
+
+// ValidateNewWork checks a whole Enqueue argument before anything is written.
+// The error wraps ErrInvalidArgument or ErrUnknownCategory and names the item
+// index and field.
+func ValidateNewWork(items []NewWork) error {
+	if len(items) == 0 {
+		return fmt.Errorf("%w: items: empty", ErrInvalidArgument)
+	}
+	seen := make(map[Ref]int, len(items))
+	for i, it := range items {
+		if err := it.Category.Validate(); err != nil {
+			return fmt.Errorf("items[%d].Category: %w", i, err)
+		}
+		if it.ID != uuid.Nil {
+			k := Ref{Category: it.Category, ID: it.ID}
+			if j, dup := seen[k]; dup {
+				return fmt.Errorf("%w: items[%d].ID: %s repeats items[%d].ID", ErrInvalidArgument, i, it.ID, j)
+			}
+			seen[k] = i
+		}
+		if err := checkText("StreamID", it.StreamID, MaxStreamIDBytes); err != nil {
+			return fmt.Errorf("%w: items[%d].%v", ErrInvalidArgument, i, err)
+		}
+		if err := checkText("Name", it.Name, MaxNameBytes); err != nil {
+			return fmt.Errorf("%w: items[%d].%v", ErrInvalidArgument, i, err)
+		}
+		if err := checkText("MessageType", it.MessageType, MaxNameBytes); err != nil {
+			return fmt.Errorf("%w: items[%d].%v", ErrInvalidArgument, i, err)
+		}
+		if len(it.Payload) > MaxPayloadBytes {
+			return fmt.Errorf("%w: items[%d].Payload: %d bytes exceeds the limit of %d", ErrInvalidArgument, i, len(it.Payload), MaxPayloadBytes)
+		}
+		if err := ValidateMetadata(it.Metadata); err != nil {
+			return fmt.Errorf("%w: items[%d].Metadata: %v", ErrInvalidArgument, i, err)
+		}
+	}
+	return nil
+}
+
+// ValidateMetadata accepts empty input or a JSON object of at most
+// MaxMetadataBytes.
+func ValidateMetadata(m json.RawMessage) error {
+	if len(m) == 0 {
+		return nil
+	}
+	if len(m) > MaxMetadataBytes {
+		return fmt.Errorf("%d bytes exceeds the limit of %d", len(m), MaxMetadataBytes)
+	}
+	if !json.Valid(m) {
+		return fmt.Errorf("not valid JSON")
+	}
+	if t := bytes.TrimLeft(m, " \t\r\n"); len(t) > 0 && t[0] == '{' {
+		return nil
+	}
+	return fmt.Errorf("must be a JSON object")
+}
+
+func checkText(field, s string, max int) error {
+	if len(s) > max {
+		return fmt.Errorf("%s: %d bytes exceeds the limit of %d", field, len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%s: not valid UTF-8", field)
+	}
+	for _, r := range s {
+		if r == 0 {
+			return fmt.Errorf("%s: contains a NUL byte", field)
+		}
+	}
+	return nil
+}
+
+// ValidateRefs checks a Complete/Release argument: non-empty, known
+// categories, non-nil ids, positive attempts, no repeats.
+func ValidateRefs(refs []Ref) error {
+	if len(refs) == 0 {
+		return fmt.Errorf("%w: refs: empty", ErrInvalidArgument)
+	}
+	seen := make(map[Ref]int, len(refs))
+	for i, r := range refs {
+		if err := r.Category.Validate(); err != nil {
+			return fmt.Errorf("refs[%d].Category: %w", i, err)
+		}
+		if r.ID == uuid.Nil {
+			return fmt.Errorf("%w: refs[%d].ID: nil UUID", ErrInvalidArgument, i)
+		}
+		if r.Attempts < 1 {
+			return fmt.Errorf("%w: refs[%d].Attempts: %d, want >= 1 (the attempt the claim handed out)", ErrInvalidArgument, i, r.Attempts)
+		}
+		k := Ref{Category: r.Category, ID: r.ID}
+		if j, dup := seen[k]; dup {
+			return fmt.Errorf("%w: refs[%d]: %s repeats refs[%d]", ErrInvalidArgument, i, r, j)
+		}
+		seen[k] = i
+	}
+	return nil
+}
+
+// ValidateIDs checks an id list: non-empty, no nil UUID.
+func ValidateIDs(field string, ids []uuid.UUID) error {
+	if len(ids) == 0 {
+		return fmt.Errorf("%w: %s: empty", ErrInvalidArgument, field)
+	}
+	for i, id := range ids {
+		if id == uuid.Nil {
+			return fmt.Errorf("%w: %s[%d]: nil UUID", ErrInvalidArgument, field, i)
+		}
+	}
+	return nil
+}
