@@ -1,0 +1,500 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/workpump/workpump/driver"
+)
+
+// ClaimCoordinator is the part of driver.Coordinator the claim worker uses.
+// When it also implements driver.SchemaChecker, the worker waits for the
+// schema before claiming.
+type ClaimCoordinator interface {
+	ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error)
+}
+
+// SignalSource is the part of driver.Subscription the claim worker uses:
+// wake signals and the gate (listener health).
+type SignalSource interface {
+	Signals() <-chan driver.Signal
+	Available() bool
+}
+
+// Sink receives each non-empty claimed batch. It may block while the
+// dispatcher is full; the claim loop waits for it. ctx is the worker's
+// context (ended by Stop) and carries the claim call's start time, see
+// ClaimStartedAt.
+type Sink func(ctx context.Context, batch []driver.Work)
+
+// ClaimConfig is the argument of NewClaimWorker.
+type ClaimConfig struct {
+	Coordinator ClaimCoordinator // required
+	InstanceID  uuid.UUID        // required
+	Options     ClaimOptions
+	// Categories to claim; empty means all four.
+	Categories []driver.Category
+	// Heartbeat registers the instance; the worker calls it before its first
+	// claim, and again after a claim reports driver.ErrUnknownInstance
+	// (evicted). Required; HeartbeatWorker.Beat fits.
+	Heartbeat func(ctx context.Context) error
+	// Signals is the listener subscription; nil means the store has no
+	// listener, and the worker polls with plain adaptive backoff.
+	Signals SignalSource
+	// Sink receives claimed batches. Required.
+	Sink Sink
+	// Capacity, when set, returns the dispatcher's free room: the worker
+	// claims at most min(MaxStreamsPerBatch, free) rows per category, and
+	// with no room it waits for RequestImmediatePoll instead of claiming.
+	Capacity func() int
+	Logger   hclog.Logger // nil: no logs
+	Hooks    ClaimHooks
+}
+
+// ClaimHooks observe the claim worker. They run on its goroutine; keep them
+// fast. Nil hooks are skipped.
+type ClaimHooks struct {
+	// OnPoll reports each ClaimWork call and the wait chosen after it.
+	OnPoll func(PollEvent)
+	// OnStartupCatchUp reports the first successful claim after Start
+	// (exactly once): it picks up work whose signals were sent while this
+	// instance was not listening.
+	OnStartupCatchUp func()
+	// OnReconnectCatchUp reports a gate transition from unavailable to
+	// available, and how long the gate was down; a claim follows at once,
+	// since signals sent meanwhile were lost.
+	OnReconnectCatchUp func(down time.Duration)
+}
+
+// PollEvent describes one ClaimWork call.
+type PollEvent struct {
+	Start      time.Time // local time the call started
+	Items      int
+	HasMore    bool
+	Err        error
+	EmptyPolls int // consecutive empty polls after this one (errors count)
+	// Wait is the wait chosen before the next claim; meaningless when
+	// UntilSignal is set (no timer: only a signal or wake ends the wait).
+	Wait        time.Duration
+	UntilSignal bool
+}
+
+// ClaimStats counts what the claim worker did.
+type ClaimStats struct {
+	Polls             uint64 // ClaimWork calls
+	EmptyPolls        uint64 // calls that returned nothing or failed
+	Errors            uint64 // failed calls
+	Batches           uint64 // non-empty batches handed to the sink
+	Items             uint64 // rows handed to the sink
+	StartupCatchUps   uint64 // 0 or 1
+	ReconnectCatchUps uint64
+	LastGateDown      time.Duration // outage length of the last reconnect
+}
+
+type claimStartKey struct{}
+
+// ClaimStartedAt returns the local time at which the ClaimWork call that
+// produced a batch started, from the context a Sink receives. Lease handles
+// count their deadline from it (LeaseRenewalWorker.Acquire).
+func ClaimStartedAt(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(claimStartKey{}).(time.Time)
+	return t, ok
+}
+
+// ClaimWorker is the only caller of ClaimWork. After each claim it waits
+//
+//	min(base << min(emptyPolls-1, 10), MaxPollInterval)
+//
+// where emptyPolls counts consecutive empty or failed claims (0 after any
+// work, so the wait is base again) and base is PollInterval, or
+// NotifyHealthyPollInterval when the gate is healthy and that is larger.
+// While the gate is unavailable the wait is pinned to PollInterval; while it
+// is healthy and the safety-net poll is disabled the worker waits only for
+// a signal. A MaxPollInterval <= base disables backoff. HasMore claims again
+// at once. RequestImmediatePoll and every signal end a wait at once, at any
+// backoff depth; wakes that arrive before a claim starts are all served by
+// it, and wakes during a claim cause exactly one more claim.
+type ClaimWorker struct {
+	coord     ClaimCoordinator
+	schema    driver.SchemaChecker
+	id        uuid.UUID
+	opts      ClaimOptions
+	cats      []driver.Category
+	heartbeat func(context.Context) error
+	sub       SignalSource
+	sink      Sink
+	capacity  func() int
+	logger    hclog.Logger
+	hooks     ClaimHooks
+	life      lifecycle
+
+	wake    chan struct{}
+	signals <-chan driver.Signal // owned by the loop
+
+	// Gate state, owned by the loop.
+	gateUp    bool
+	downSince time.Time
+
+	// reconnected is set by a reconnect; the loop consumes it.
+	reconnected bool
+
+	polls, empty, errs, batches, items, startups, reconnects atomic.Uint64
+	lastDown                                                 atomic.Int64
+}
+
+// NewClaimWorker applies defaults, validates cfg and returns a stopped
+// worker.
+func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("workers: claim worker: %w: "+format, append([]any{driver.ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case cfg.Coordinator == nil:
+		return nil, bad("Coordinator is nil")
+	case cfg.InstanceID == uuid.Nil:
+		return nil, bad("InstanceID: nil UUID")
+	case cfg.Heartbeat == nil:
+		return nil, bad("Heartbeat is nil (the instance must be registered before it claims)")
+	case cfg.Sink == nil:
+		return nil, bad("Sink is nil")
+	}
+	for i, c := range cfg.Categories {
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("workers: claim worker: Categories[%d]: %w", i, err)
+		}
+	}
+	opts := cfg.Options.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("workers: claim worker: %w", err)
+	}
+	w := &ClaimWorker{
+		coord:     cfg.Coordinator,
+		id:        cfg.InstanceID,
+		opts:      opts,
+		cats:      append([]driver.Category(nil), cfg.Categories...),
+		heartbeat: cfg.Heartbeat,
+		sub:       cfg.Signals,
+		sink:      cfg.Sink,
+		capacity:  cfg.Capacity,
+		logger:    namedLogger(cfg.Logger, "claim"),
+		hooks:     cfg.Hooks,
+		life:      lifecycle{name: "workers: claim worker"},
+		wake:      make(chan struct{}, 1),
+	}
+	w.schema, _ = cfg.Coordinator.(driver.SchemaChecker)
+	return w, nil
+}
+
+// Start starts the claim loop. With Options.Disabled (killswitch) it starts
+// nothing and the worker never claims. With FailOnSchemaNotReady and a store
+// whose schema is not ready it returns that error (the worker stays
+// unstarted). Idempotent; ErrStopped after Stop.
+func (w *ClaimWorker) Start(ctx context.Context) error {
+	if w.opts.Disabled {
+		_, err := w.life.start(ctx, nil)
+		return err
+	}
+	if w.opts.FailOnSchemaNotReady && w.schema != nil {
+		if err := w.schema.CheckSchema(ctx); err != nil {
+			return fmt.Errorf("workers: claim worker: store schema not ready, not starting (FailOnSchemaNotReady): %w", err)
+		}
+		w.schema = nil // checked; the loop need not wait
+	}
+	_, err := w.life.start(ctx, w.run)
+	return err
+}
+
+// Stop ends the loop (an in-flight claim or sink call sees its context
+// cancelled) and waits for it, or for ctx. Idempotent.
+func (w *ClaimWorker) Stop(ctx context.Context) error { return w.life.stop(ctx) }
+
+// RequestImmediatePoll ends the current wait at once, whatever the backoff
+// depth. Calls that arrive before the next claim starts collapse into it.
+// Call it when local work was produced or dispatcher capacity freed up.
+func (w *ClaimWorker) RequestImmediatePoll() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stats returns the worker's counters.
+func (w *ClaimWorker) Stats() ClaimStats {
+	return ClaimStats{
+		Polls:             w.polls.Load(),
+		EmptyPolls:        w.empty.Load(),
+		Errors:            w.errs.Load(),
+		Batches:           w.batches.Load(),
+		Items:             w.items.Load(),
+		StartupCatchUps:   w.startups.Load(),
+		ReconnectCatchUps: w.reconnects.Load(),
+		LastGateDown:      time.Duration(w.lastDown.Load()),
+	}
+}
+
+// backoff is min(base << min(n-1, 10), max) for n >= 1, base for n <= 1,
+// and base whenever max <= base (backoff disabled).
+func backoff(base, max time.Duration, n int) time.Duration {
+	if max <= base || n <= 1 {
+		return base
+	}
+	shift := min(n-1, 10)
+	d := base << shift
+	if d > max || d <= 0 {
+		return max
+	}
+	return d
+}
+
+// nextWait returns the wait after a tick with emptyPolls consecutive empty
+// polls, or untilSignal when only a signal should end it.
+func (w *ClaimWorker) nextWait(emptyPolls int) (wait time.Duration, untilSignal bool) {
+	base := w.opts.PollInterval
+	if w.sub == nil {
+		return backoff(base, w.opts.MaxPollInterval, emptyPolls), false
+	}
+	if !w.gateUp {
+		return base, false
+	}
+	if w.opts.DisableSafetyNetPoll {
+		return 0, true
+	}
+	if r := w.opts.NotifyHealthyPollInterval; r != TightPolling && r > base {
+		base = r
+	}
+	return backoff(base, w.opts.MaxPollInterval, emptyPolls), false
+}
+
+// noteGate feeds one observation of the gate into the state machine and
+// fires the reconnect catch-up on a real unavailable→available transition.
+func (w *ClaimWorker) noteGate(up bool) {
+	now := time.Now()
+	switch {
+	case up == w.gateUp:
+		return
+	case !up:
+		w.gateUp, w.downSince = false, now
+		w.logger.Warn("signal gate unavailable; polling at the tight base", "interval", w.opts.PollInterval)
+		return
+	}
+	w.gateUp, w.reconnected = true, true
+	down := now.Sub(w.downSince)
+	w.reconnects.Add(1)
+	w.lastDown.Store(int64(down))
+	w.logger.Info("signal gate available again; catching up", "down", down)
+	if w.hooks.OnReconnectCatchUp != nil {
+		w.hooks.OnReconnectCatchUp(down)
+	}
+}
+
+func (w *ClaimWorker) noteSignal(s driver.Signal, ok bool) {
+	if !ok {
+		// The subscription was closed: no more signals, and Available
+		// reports the gate from now on.
+		w.signals = nil
+		return
+	}
+	switch s.Kind {
+	case driver.SignalGateAvailable:
+		w.noteGate(true)
+	case driver.SignalGateUnavailable:
+		w.noteGate(false)
+	}
+}
+
+// collapse consumes every pending wake and signal, since the claim about to
+// start serves them all, then reads the gate directly (signals may have been
+// dropped). It reports whether the gate came back since the last call.
+func (w *ClaimWorker) collapse() bool {
+	for done := false; !done; {
+		select {
+		case <-w.wake:
+		case s, ok := <-w.signals:
+			w.noteSignal(s, ok)
+		default:
+			done = true
+		}
+	}
+	if w.sub != nil {
+		w.noteGate(w.sub.Available())
+	}
+	r := w.reconnected
+	w.reconnected = false
+	return r
+}
+
+// waitFor waits d (or only for a wake when untilSignal), returning early on
+// any wake or signal; false when ctx ended.
+func (w *ClaimWorker) waitFor(ctx context.Context, d time.Duration, untilSignal bool) bool {
+	var timerC <-chan time.Time
+	if !untilSignal {
+		if d <= 0 {
+			return ctx.Err() == nil
+		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timerC = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-w.wake:
+			return true
+		case s, ok := <-w.signals:
+			w.noteSignal(s, ok)
+			if ok {
+				return true
+			}
+		case <-timerC:
+			return true
+		}
+	}
+}
+
+// waitWake waits only for RequestImmediatePoll (no capacity to claim into).
+func (w *ClaimWorker) waitWake(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-w.wake:
+		return true
+	}
+}
+
+// awaitSchema blocks until the store's schema is ready, retrying with
+// backoff; false when ctx ended.
+func (w *ClaimWorker) awaitSchema(ctx context.Context) bool {
+	if w.schema == nil {
+		return true
+	}
+	for attempt := 1; ; attempt++ {
+		err := w.schema.CheckSchema(ctx)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		d := backoff(w.opts.PollInterval, w.opts.MaxPollInterval, attempt)
+		w.logger.Warn("store schema not ready; not claiming", "retry_in", d, "error", err)
+		if !sleepCtx(ctx, d) {
+			return false
+		}
+	}
+}
+
+func (w *ClaimWorker) run(ctx context.Context) {
+	if w.sub != nil {
+		w.signals = w.sub.Signals()
+		w.gateUp = w.sub.Available()
+		w.downSince = time.Now()
+	}
+	if !w.awaitSchema(ctx) {
+		return
+	}
+	registered := false
+	emptyPolls := 0
+	caughtUp := false
+	for ctx.Err() == nil {
+		if w.collapse() {
+			// A reconnect starts the backoff afresh.
+			emptyPolls = 0
+		}
+		if !registered {
+			if err := w.heartbeat(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				emptyPolls++
+				d, _ := w.nextWait(emptyPolls)
+				w.logger.Error("heartbeat before claim failed; not claiming", "retry_in", d, "error", err)
+				if !sleepCtx(ctx, d) {
+					return
+				}
+				continue
+			}
+			registered = true
+		}
+		limit := w.opts.MaxStreamsPerBatch
+		if w.capacity != nil {
+			free := w.capacity()
+			if free <= 0 {
+				if !w.waitWake(ctx) {
+					return
+				}
+				continue
+			}
+			limit = min(limit, free)
+		}
+		start := time.Now()
+		res, err := w.coord.ClaimWork(ctx, driver.ClaimRequest{
+			InstanceID:     w.id,
+			Categories:     w.cats,
+			Lease:          w.opts.Lease,
+			MaxPerCategory: limit,
+		})
+		if err != nil && ctx.Err() != nil {
+			return
+		}
+		w.polls.Add(1)
+		switch {
+		case err != nil:
+			w.errs.Add(1)
+			w.empty.Add(1)
+			emptyPolls++
+			if errors.Is(err, driver.ErrUnknownInstance) {
+				registered = false
+			}
+			w.logger.Error("claim failed", "error", err, "empty_polls", emptyPolls)
+		case len(res.Work) == 0:
+			w.empty.Add(1)
+			emptyPolls++
+		default:
+			emptyPolls = 0
+		}
+		if err == nil && !caughtUp {
+			caughtUp = true
+			w.startups.Add(1)
+			if w.hooks.OnStartupCatchUp != nil {
+				w.hooks.OnStartupCatchUp()
+			}
+		}
+		if len(res.Work) > 0 {
+			w.batches.Add(1)
+			w.items.Add(uint64(len(res.Work)))
+		}
+		var wait time.Duration
+		var untilSignal bool
+		if !res.HasMore {
+			wait, untilSignal = w.nextWait(emptyPolls)
+		}
+		if w.hooks.OnPoll != nil {
+			w.hooks.OnPoll(PollEvent{Start: start, Items: len(res.Work), HasMore: res.HasMore, Err: err,
+				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal})
+		}
+		if len(res.Work) > 0 {
+			w.sink(context.WithValue(ctx, claimStartKey{}, start), res.Work)
+		}
+		if res.HasMore {
+			continue
+		}
+		// The sink may have blocked for long; the gate may have changed.
+		if w.sub != nil {
+			w.noteGate(w.sub.Available())
+			if w.reconnected {
+				continue
+			}
+		}
+		wait, untilSignal = w.nextWait(emptyPolls)
+		if !w.waitFor(ctx, wait, untilSignal) {
+			return
+		}
+	}
+}

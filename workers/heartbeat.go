@@ -1,0 +1,202 @@
+package workers
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/workpump/workpump/driver"
+)
+
+// HeartbeatCoordinator is the part of driver.Coordinator the heartbeat
+// worker uses.
+type HeartbeatCoordinator interface {
+	RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error)
+}
+
+// AliveLock reports whether this process holds its instance's alive-lock.
+// driver.Subscription implements it.
+type AliveLock interface {
+	AliveLockHeld() bool
+}
+
+// HeartbeatConfig is the argument of NewHeartbeatWorker.
+type HeartbeatConfig struct {
+	Coordinator HeartbeatCoordinator // required
+	Instance    driver.Instance      // required; validated
+	Options     HeartbeatOptions
+	// Lock is the alive-lock source; nil means none (fast cadence).
+	Lock   AliveLock
+	Logger hclog.Logger // nil: no logs
+	Hooks  HeartbeatHooks
+}
+
+// HeartbeatHooks observe the heartbeat worker. They run on the goroutine
+// that beat; keep them fast. Nil hooks are skipped.
+type HeartbeatHooks struct {
+	// OnBeat reports each RecordHeartbeat call.
+	OnBeat func(HeartbeatEvent)
+}
+
+// HeartbeatEvent describes one RecordHeartbeat call.
+type HeartbeatEvent struct {
+	Start   time.Time   // local time the call started
+	Evicted []uuid.UUID // peers removed by the store's stale sweep
+	Err     error
+}
+
+// HeartbeatStats counts the heartbeat worker's calls.
+type HeartbeatStats struct {
+	Beats    uint64 // RecordHeartbeat calls
+	Failures uint64 // calls that returned an error
+	Evicted  uint64 // peers evicted by the sweeps those calls ran
+}
+
+// HeartbeatWorker records this instance's heartbeat on its own timer,
+// decoupled from polling. The cadence is chosen at every tick: the fast
+// Interval, unless LivenessSource is AdvisoryLockWhenAvailable and the
+// alive-lock is held, when the lock proves liveness and SlowInterval
+// suffices. The lock state is checked every Interval since the last beat, so
+// losing the lock brings the next beat forward to the next such check
+// instead of leaving the instance without proof of life until SlowInterval.
+// After a failed beat the next one comes one Interval later. Errors are
+// logged and the loop goes on.
+type HeartbeatWorker struct {
+	coord  HeartbeatCoordinator
+	req    driver.HeartbeatRequest
+	opts   HeartbeatOptions
+	lock   AliveLock
+	logger hclog.Logger
+	hooks  HeartbeatHooks
+	life   lifecycle
+
+	mu       sync.Mutex // serialises beats
+	last     time.Time  // start of the last beat, local clock
+	lastOK   bool
+	beats    atomic.Uint64
+	failures atomic.Uint64
+	evicted  atomic.Uint64
+}
+
+// NewHeartbeatWorker applies defaults, validates cfg and returns a stopped
+// worker.
+func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
+	if cfg.Coordinator == nil {
+		return nil, fmt.Errorf("workers: heartbeat worker: %w: Coordinator is nil", driver.ErrInvalidArgument)
+	}
+	if err := cfg.Instance.Validate(); err != nil {
+		return nil, fmt.Errorf("workers: heartbeat worker: %w", err)
+	}
+	opts := cfg.Options.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("workers: heartbeat worker: %w", err)
+	}
+	return &HeartbeatWorker{
+		coord:  cfg.Coordinator,
+		req:    driver.HeartbeatRequest{Instance: cfg.Instance, StaleAfter: opts.StaleAfter, DeadAfter: opts.DeadAfter},
+		opts:   opts,
+		lock:   cfg.Lock,
+		logger: namedLogger(cfg.Logger, "heartbeat"),
+		hooks:  cfg.Hooks,
+		life:   lifecycle{name: "workers: heartbeat worker"},
+	}, nil
+}
+
+// Start starts the loop; its first beat is immediate unless Beat ran less
+// than a cadence ago. With Options.Disabled it starts nothing. Idempotent;
+// ErrStopped after Stop.
+func (w *HeartbeatWorker) Start(ctx context.Context) error {
+	if w.opts.Disabled {
+		_, err := w.life.start(ctx, nil)
+		return err
+	}
+	_, err := w.life.start(ctx, w.run)
+	return err
+}
+
+// Stop ends the loop and waits for it (or ctx). Idempotent.
+func (w *HeartbeatWorker) Stop(ctx context.Context) error { return w.life.stop(ctx) }
+
+// Beat records a heartbeat now and returns the store's error. The claim
+// worker calls it before its first claim so it never claims unregistered.
+// With Options.Disabled it writes nothing and returns nil.
+func (w *HeartbeatWorker) Beat(ctx context.Context) error {
+	if w.opts.Disabled {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	start := time.Now()
+	res, err := w.coord.RecordHeartbeat(ctx, w.req)
+	w.last, w.lastOK = start, err == nil
+	w.beats.Add(1)
+	if err != nil {
+		w.failures.Add(1)
+	} else {
+		w.evicted.Add(uint64(len(res.Evicted)))
+		if len(res.Evicted) > 0 {
+			w.logger.Info("stale peers evicted", "count", len(res.Evicted), "ids", res.Evicted)
+		}
+	}
+	if w.hooks.OnBeat != nil {
+		w.hooks.OnBeat(HeartbeatEvent{Start: start, Evicted: res.Evicted, Err: err})
+	}
+	return err
+}
+
+// Stats returns the worker's counters.
+func (w *HeartbeatWorker) Stats() HeartbeatStats {
+	return HeartbeatStats{Beats: w.beats.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load()}
+}
+
+// slowAllowed reports whether the lock proves liveness right now.
+func (w *HeartbeatWorker) slowAllowed() bool {
+	return w.opts.LivenessSource == AdvisoryLockWhenAvailable && w.lock != nil && w.lock.AliveLockHeld()
+}
+
+// untilDue returns 0 when a beat is due now, or how long to wait before the
+// next check.
+func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
+	w.mu.Lock()
+	last, ok := w.last, w.lastOK
+	w.mu.Unlock()
+	if last.IsZero() {
+		return 0
+	}
+	elapsed := now.Sub(last)
+	if elapsed >= w.opts.SlowInterval {
+		return 0
+	}
+	if elapsed >= w.opts.Interval && !(ok && w.slowAllowed()) {
+		return 0
+	}
+	// Next check: the next multiple of Interval since the last beat, or the
+	// slow deadline, whichever is first.
+	next := last.Add((elapsed/w.opts.Interval + 1) * w.opts.Interval)
+	if slow := last.Add(w.opts.SlowInterval); slow.Before(next) {
+		next = slow
+	}
+	return next.Sub(now)
+}
+
+func (w *HeartbeatWorker) run(ctx context.Context) {
+	for {
+		if d := w.untilDue(time.Now()); d > 0 {
+			if !sleepCtx(ctx, d) {
+				return
+			}
+			continue
+		}
+		if err := w.Beat(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.logger.Error("heartbeat failed", "error", err)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// ErrStopped is returned by Start on a worker that was stopped: workers are
+// single-use, so a restart builds a new one.
+var ErrStopped = errors.New("workers: worker was stopped; create a new one to start again")
+
+const (
+	stateNew = iota
+	stateRunning
+	stateStopped
+)
+
+// lifecycle is the Start/Stop state machine every worker shares.
+type lifecycle struct {
+	name   string
+	mu     sync.Mutex
+	state  int
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// start runs run on a new goroutine (or none when run is nil: a disabled
+// worker is "running" without one). It reports whether this call started it.
+func (l *lifecycle) start(ctx context.Context, run func(context.Context)) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch l.state {
+	case stateRunning:
+		return false, nil
+	case stateStopped:
+		return false, fmt.Errorf("%s: %w", l.name, ErrStopped)
+	}
+	l.state = stateRunning
+	if run == nil {
+		return true, nil
+	}
+	// The loop outlives Start's context: only Stop ends it.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l.cancel, l.done = cancel, make(chan struct{})
+	go func() {
+		defer close(l.done)
+		run(runCtx)
+	}()
+	return true, nil
+}
+
+// stop cancels the loop and waits for it, or for ctx. A second stop waits
+// again, so a Stop that timed out can be retried.
+func (l *lifecycle) stop(ctx context.Context) error {
+	l.mu.Lock()
+	l.state = stateStopped
+	cancel, done := l.cancel, l.done
+	l.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s: stop: %w", l.name, ctx.Err())
+	}
+}
+
+func namedLogger(l hclog.Logger, name string) hclog.Logger {
+	if l == nil {
+		return hclog.NewNullLogger()
+	}
+	return l.Named(name)
+}
+
+// sleepCtx waits d or until ctx ends; it reports whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

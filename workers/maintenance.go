@@ -1,0 +1,164 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/workpump/workpump/driver"
+)
+
+// MaintenanceCoordinator is the part of driver.Coordinator the maintenance
+// worker uses. When it also implements driver.Purger, the worker purges.
+type MaintenanceCoordinator interface {
+	CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error)
+}
+
+// MaintenanceConfig is the argument of NewMaintenanceWorker.
+type MaintenanceConfig struct {
+	Coordinator MaintenanceCoordinator // required
+	Options     MaintenanceOptions
+	Logger      hclog.Logger // nil: no logs
+	Hooks       MaintenanceHooks
+}
+
+// MaintenanceHooks observe the maintenance worker. They run on its
+// goroutine; keep them fast. Nil hooks are skipped.
+type MaintenanceHooks struct {
+	// OnRun reports each run.
+	OnRun func(MaintenanceRun)
+}
+
+// MaintenanceRun describes one run.
+type MaintenanceRun struct {
+	Start   time.Time   // local time the run started
+	Evicted []uuid.UUID // instances CleanupStale removed
+	Purged  driver.PurgeResult
+	Purge   bool  // whether Purge was called
+	Err     error // CleanupStale and Purge errors, joined
+}
+
+// MaintenanceStats counts the maintenance worker's runs.
+type MaintenanceStats struct {
+	Runs     uint64
+	Failures uint64 // runs with an error
+	Evicted  uint64
+}
+
+// MaintenanceWorker is the periodic backstop behind the stale sweep that
+// RecordHeartbeat runs opportunistically: every Interval it calls
+// CleanupStale with the stale and definitive-dead cutoffs, then, when the
+// store implements driver.Purger and a purge age is set, Purge. Errors are
+// logged and the loop goes on.
+type MaintenanceWorker struct {
+	coord  MaintenanceCoordinator
+	purger driver.Purger
+	opts   MaintenanceOptions
+	logger hclog.Logger
+	hooks  MaintenanceHooks
+	life   lifecycle
+
+	runs, failures, evicted atomic.Uint64
+}
+
+// NewMaintenanceWorker applies defaults, validates cfg and returns a
+// stopped worker.
+func NewMaintenanceWorker(cfg MaintenanceConfig) (*MaintenanceWorker, error) {
+	if cfg.Coordinator == nil {
+		return nil, fmt.Errorf("workers: maintenance worker: %w: Coordinator is nil", driver.ErrInvalidArgument)
+	}
+	opts := cfg.Options.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("workers: maintenance worker: %w", err)
+	}
+	w := &MaintenanceWorker{
+		coord:  cfg.Coordinator,
+		opts:   opts,
+		logger: namedLogger(cfg.Logger, "maintenance"),
+		hooks:  cfg.Hooks,
+		life:   lifecycle{name: "workers: maintenance worker"},
+	}
+	w.purger, _ = cfg.Coordinator.(driver.Purger)
+	return w, nil
+}
+
+// Start starts the loop; the first run is one Interval later. With
+// Options.Disabled it starts nothing. Idempotent; ErrStopped after Stop.
+func (w *MaintenanceWorker) Start(ctx context.Context) error {
+	if w.opts.Disabled {
+		_, err := w.life.start(ctx, nil)
+		return err
+	}
+	_, err := w.life.start(ctx, w.run)
+	return err
+}
+
+// Stop ends the loop and waits for it (or ctx). Idempotent.
+func (w *MaintenanceWorker) Stop(ctx context.Context) error { return w.life.stop(ctx) }
+
+// Stats returns the worker's counters.
+func (w *MaintenanceWorker) Stats() MaintenanceStats {
+	return MaintenanceStats{Runs: w.runs.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load()}
+}
+
+// RunOnce runs one maintenance pass now and reports it (also to OnRun).
+func (w *MaintenanceWorker) RunOnce(ctx context.Context) MaintenanceRun {
+	run := MaintenanceRun{Start: time.Now()}
+	var errs []error
+	evicted, err := w.coord.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: w.opts.StaleAfter, DeadAfter: w.opts.DeadAfter})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("cleanup stale: %w", err))
+	} else {
+		run.Evicted = evicted
+		w.evicted.Add(uint64(len(evicted)))
+		if len(evicted) > 0 {
+			w.logger.Info("stale instances evicted", "count", len(evicted), "ids", evicted)
+		}
+	}
+	req := driver.PurgeRequest{
+		ProcessedOlderThan:   w.opts.PurgeProcessedAfter,
+		DeadLettersOlderThan: w.opts.PurgeDeadLettersAfter,
+		StreamsExpiredFor:    w.opts.PurgeStreamsAfter,
+	}
+	if w.purger != nil && req != (driver.PurgeRequest{}) {
+		run.Purge = true
+		res, err := w.purger.Purge(ctx, req)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("purge: %w", err))
+		} else {
+			run.Purged = res
+			if res != (driver.PurgeResult{}) {
+				w.logger.Debug("purged", "processed", res.Processed, "dead_letters", res.DeadLetters, "streams", res.Streams)
+			}
+		}
+	}
+	run.Err = errors.Join(errs...)
+	w.runs.Add(1)
+	if run.Err != nil {
+		w.failures.Add(1)
+	}
+	if w.hooks.OnRun != nil {
+		w.hooks.OnRun(run)
+	}
+	return run
+}
+
+func (w *MaintenanceWorker) run(ctx context.Context) {
+	t := time.NewTicker(w.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if run := w.RunOnce(ctx); run.Err != nil && ctx.Err() == nil {
+			w.logger.Error("maintenance failed", "error", run.Err)
+		}
+	}
+}

@@ -1,0 +1,386 @@
+package workers
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/workpump/workpump/driver"
+)
+
+// Spec defaults. The zero value of every options struct means these.
+const (
+	DefaultPollInterval              = 250 * time.Millisecond
+	DefaultMaxPollInterval           = 10 * time.Second
+	DefaultNotifyHealthyPollInterval = 5 * time.Second
+	DefaultMaxStreamsPerBatch        = 1000
+	DefaultLease                     = 300 * time.Second
+
+	DefaultHeartbeatInterval     = 30 * time.Second
+	DefaultHeartbeatSlowInterval = 60 * time.Second
+	DefaultStaleAfter            = 30 * time.Second
+	DefaultDeadAfter             = 5 * time.Minute
+
+	DefaultRenewalMaxBatch         = 200
+	DefaultRenewalCoalesceWindow   = 200 * time.Millisecond
+	DefaultRenewalImmediateFlushAt = 100
+	DefaultRenewalCapacity         = 5000
+	DefaultRenewalDrainTimeout     = 5 * time.Second
+	DefaultLeaseGrace              = 30 * time.Second
+	DefaultMaxRenewalsPerWork      = 6
+
+	DefaultMaintenanceInterval = time.Minute
+)
+
+// TightPolling is the value of ClaimOptions.NotifyHealthyPollInterval that
+// keeps the tight PollInterval base even while the signal gate is healthy
+// (the spec's "null"). It is the only negative value accepted.
+const TightPolling time.Duration = -1
+
+// OptionError is returned by the Validate methods. Its message starts with
+// the field name, so a caller embedding the struct can prefix it
+// ("Claim." + "PollInterval: -1s, want > 0"). It wraps
+// driver.ErrInvalidArgument.
+type OptionError struct {
+	Field string // the option's field name, e.g. "PollInterval"
+	Rule  string // what is wrong, e.g. "-1s, want > 0"
+}
+
+// Error returns "Field: Rule".
+func (e *OptionError) Error() string { return e.Field + ": " + e.Rule }
+
+// Unwrap makes errors.Is(err, driver.ErrInvalidArgument) true.
+func (e *OptionError) Unwrap() error { return driver.ErrInvalidArgument }
+
+func optErr(field, format string, args ...any) error {
+	return &OptionError{Field: field, Rule: fmt.Sprintf(format, args...)}
+}
+
+// ClaimOptions configures the ClaimWorker (the spec's ClaimWorkerOptions).
+// The zero value means the spec defaults; WithDefaults fills them in.
+type ClaimOptions struct {
+	// Disabled is the killswitch (the spec's Enabled=false): the worker never
+	// claims.
+	Disabled bool
+	// PollInterval is the tight base wait between claims (default 250 ms),
+	// used as is while the signal gate is unavailable.
+	PollInterval time.Duration
+	// MaxPollInterval caps the backoff on consecutive empty polls (default
+	// 10 s). A value <= the base disables backoff.
+	MaxPollInterval time.Duration
+	// NotifyHealthyPollInterval replaces the base while the signal gate is
+	// healthy, when it is larger (default 5 s). TightPolling keeps the tight
+	// base always.
+	NotifyHealthyPollInterval time.Duration
+	// DisableSafetyNetPoll (the spec's EnableSafetyNetPoll=false): while the
+	// gate is healthy, wait only for signals. Polling resumes the moment the
+	// gate goes unavailable.
+	DisableSafetyNetPoll bool
+	// MaxStreamsPerBatch caps the rows per category per ClaimWork call
+	// (default 1000).
+	MaxStreamsPerBatch int
+	// Lease is the lease applied to claimed rows (default 300 s). The
+	// LeaseRenewalWorker must be given the same value.
+	Lease time.Duration
+	// FailOnSchemaNotReady makes Start fail when the store's schema is not
+	// ready (driver.SchemaChecker). By default the worker waits for the
+	// schema, retrying with backoff, and claims once it is ready.
+	FailOnSchemaNotReady bool
+}
+
+// WithDefaults returns o with every zero field set to the spec default.
+func (o ClaimOptions) WithDefaults() ClaimOptions {
+	if o.PollInterval == 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	if o.MaxPollInterval == 0 {
+		o.MaxPollInterval = DefaultMaxPollInterval
+	}
+	if o.NotifyHealthyPollInterval == 0 {
+		o.NotifyHealthyPollInterval = DefaultNotifyHealthyPollInterval
+	}
+	if o.MaxStreamsPerBatch == 0 {
+		o.MaxStreamsPerBatch = DefaultMaxStreamsPerBatch
+	}
+	if o.Lease == 0 {
+		o.Lease = DefaultLease
+	}
+	return o
+}
+
+// Validate reports the first invalid field of o as it is (call it on the
+// result of WithDefaults: zero values are invalid where a default applies).
+// The error is an *OptionError.
+func (o ClaimOptions) Validate() error {
+	switch {
+	case o.PollInterval <= 0:
+		return optErr("PollInterval", "%v, want > 0", o.PollInterval)
+	case o.MaxPollInterval <= 0:
+		return optErr("MaxPollInterval", "%v, want > 0 (a value <= PollInterval disables backoff)", o.MaxPollInterval)
+	case o.NotifyHealthyPollInterval <= 0 && o.NotifyHealthyPollInterval != TightPolling:
+		return optErr("NotifyHealthyPollInterval", "%v, want > 0 or TightPolling (%v)", o.NotifyHealthyPollInterval, TightPolling)
+	case o.MaxStreamsPerBatch <= 0:
+		return optErr("MaxStreamsPerBatch", "%d, want > 0", o.MaxStreamsPerBatch)
+	case o.Lease <= 0:
+		return optErr("Lease", "%v, want > 0", o.Lease)
+	}
+	return nil
+}
+
+// LivenessSource selects how the HeartbeatWorker picks its cadence.
+type LivenessSource int
+
+const (
+	// AdvisoryLockWhenAvailable (default): the slow cadence while the
+	// alive-lock is held, since the lock proves liveness; the fast one
+	// otherwise.
+	AdvisoryLockWhenAvailable LivenessSource = iota
+	// HeartbeatTableOnly: always the fast cadence, whatever the lock state.
+	HeartbeatTableOnly
+)
+
+// String names s.
+func (s LivenessSource) String() string {
+	switch s {
+	case AdvisoryLockWhenAvailable:
+		return "AdvisoryLockWhenAvailable"
+	case HeartbeatTableOnly:
+		return "HeartbeatTableOnly"
+	}
+	return fmt.Sprintf("LivenessSource(%d)", int(s))
+}
+
+// HeartbeatOptions configures the HeartbeatWorker (the spec's
+// HeartbeatWorkerOptions). The zero value means the spec defaults.
+type HeartbeatOptions struct {
+	// Disabled is the killswitch (the spec's Enabled=false): no heartbeats
+	// are written, so peers see this instance stale and take its work over
+	// (graceful drain).
+	Disabled bool
+	// Interval is the fast cadence (default 30 s): used when the alive-lock
+	// is not held, there is no lock source, or LivenessSource is
+	// HeartbeatTableOnly.
+	Interval time.Duration
+	// SlowInterval is the cadence while the alive-lock is held (default
+	// 60 s, or Interval when that is larger).
+	SlowInterval time.Duration
+	// LivenessSource chooses between the two cadences (default
+	// AdvisoryLockWhenAvailable).
+	LivenessSource LivenessSource
+	// StaleAfter is the stale cutoff age passed to RecordHeartbeat (default 30 s).
+	StaleAfter time.Duration
+	// DeadAfter is the definitive-dead age passed to RecordHeartbeat
+	// (default 5 min).
+	DeadAfter time.Duration
+}
+
+// WithDefaults returns o with every zero field set to the spec default.
+func (o HeartbeatOptions) WithDefaults() HeartbeatOptions {
+	if o.Interval == 0 {
+		o.Interval = DefaultHeartbeatInterval
+	}
+	if o.SlowInterval == 0 {
+		// A slow cadence faster than the fast one would be a surprise
+		// nobody asked for.
+		o.SlowInterval = max(DefaultHeartbeatSlowInterval, o.Interval)
+	}
+	if o.StaleAfter == 0 {
+		o.StaleAfter = DefaultStaleAfter
+	}
+	if o.DeadAfter == 0 {
+		o.DeadAfter = DefaultDeadAfter
+	}
+	return o
+}
+
+// Validate reports the first invalid field of o as it is (call it on the
+// result of WithDefaults). The error is an *OptionError.
+func (o HeartbeatOptions) Validate() error {
+	switch {
+	case o.Interval <= 0:
+		return optErr("Interval", "%v, want > 0", o.Interval)
+	case o.SlowInterval < o.Interval:
+		return optErr("SlowInterval", "%v, want >= Interval (%v)", o.SlowInterval, o.Interval)
+	case o.LivenessSource != AdvisoryLockWhenAvailable && o.LivenessSource != HeartbeatTableOnly:
+		return optErr("LivenessSource", "%v, want AdvisoryLockWhenAvailable or HeartbeatTableOnly", o.LivenessSource)
+	case o.StaleAfter <= 0:
+		return optErr("StaleAfter", "%v, want > 0", o.StaleAfter)
+	case o.DeadAfter < o.StaleAfter:
+		return optErr("DeadAfter", "%v, want >= StaleAfter (%v)", o.DeadAfter, o.StaleAfter)
+	case o.SlowInterval >= o.DeadAfter:
+		// Past DeadAfter peers evict an instance even while its lock is
+		// held, so a slower heartbeat would get a live instance evicted.
+		return optErr("SlowInterval", "%v, want < DeadAfter (%v)", o.SlowInterval, o.DeadAfter)
+	}
+	return nil
+}
+
+// RenewalOptions configures the LeaseRenewalWorker: its coalescing batch
+// flusher and the lease handles. The zero value means the spec defaults.
+type RenewalOptions struct {
+	// MaxBatch is the most renewal requests one flush handles (default 200).
+	MaxBatch int
+	// CoalesceWindow is how long the first queued request waits for company
+	// before a flush (default 200 ms).
+	CoalesceWindow time.Duration
+	// ImmediateFlushAt flushes at once when this many requests are queued
+	// (default 100).
+	ImmediateFlushAt int
+	// Capacity bounds the request queue (default 5 000; at least
+	// ImmediateFlushAt). When it is full new requests are dropped and
+	// counted: renewal is periodic and idempotent, so the handle asks again.
+	Capacity int
+	// DrainTimeout bounds the final flush at Stop (default 5 s).
+	DrainTimeout time.Duration
+	// LeaseGrace: a handle's context is cancelled this long before the lease
+	// expires (default 30 s), so a handler stops before a peer can claim the
+	// row. It must be below the claim Lease.
+	LeaseGrace time.Duration
+	// MaxRenewalsPerWork caps the renewals of one dispatch (default 6); past
+	// it the lease runs out, the row is re-issued with attempts+1 and a hung
+	// handler surfaces through the failure path.
+	MaxRenewalsPerWork int
+}
+
+// WithDefaults returns o with every zero field set to the spec default.
+func (o RenewalOptions) WithDefaults() RenewalOptions {
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultRenewalMaxBatch
+	}
+	if o.CoalesceWindow == 0 {
+		o.CoalesceWindow = DefaultRenewalCoalesceWindow
+	}
+	if o.ImmediateFlushAt == 0 {
+		o.ImmediateFlushAt = DefaultRenewalImmediateFlushAt
+	}
+	if o.Capacity == 0 {
+		o.Capacity = DefaultRenewalCapacity
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = DefaultRenewalDrainTimeout
+	}
+	if o.LeaseGrace == 0 {
+		o.LeaseGrace = DefaultLeaseGrace
+	}
+	if o.MaxRenewalsPerWork == 0 {
+		o.MaxRenewalsPerWork = DefaultMaxRenewalsPerWork
+	}
+	return o
+}
+
+// Validate reports the first invalid field of o as it is (call it on the
+// result of WithDefaults). The error is an *OptionError. The rule that ties
+// LeaseGrace to the claim lease is checked by ValidateLease.
+func (o RenewalOptions) Validate() error {
+	if err := o.Flusher().Validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.LeaseGrace <= 0:
+		return optErr("LeaseGrace", "%v, want > 0", o.LeaseGrace)
+	case o.MaxRenewalsPerWork <= 0:
+		return optErr("MaxRenewalsPerWork", "%d, want > 0", o.MaxRenewalsPerWork)
+	}
+	return nil
+}
+
+// ValidateLease checks the rule between o and the claim lease: the grace
+// must leave part of the lease to run in.
+func (o RenewalOptions) ValidateLease(lease time.Duration) error {
+	if o.LeaseGrace >= lease {
+		return optErr("LeaseGrace", "%v, want < the claim Lease (%v)", o.LeaseGrace, lease)
+	}
+	return nil
+}
+
+// Flusher returns the batch flusher part of o.
+func (o RenewalOptions) Flusher() FlusherOptions {
+	return FlusherOptions{
+		MaxBatch:         o.MaxBatch,
+		CoalesceWindow:   o.CoalesceWindow,
+		ImmediateFlushAt: o.ImmediateFlushAt,
+		Capacity:         o.Capacity,
+		DrainTimeout:     o.DrainTimeout,
+	}
+}
+
+// FlusherOptions configures a BatchFlusher. It has no defaults of its own:
+// RenewalOptions.Flusher supplies them.
+type FlusherOptions struct {
+	MaxBatch         int           // most items per flush call
+	CoalesceWindow   time.Duration // wait after the first queued item
+	ImmediateFlushAt int           // queued items that trigger a flush at once
+	Capacity         int           // queue bound; Enqueue drops beyond it
+	DrainTimeout     time.Duration // bound of the final flush at Close
+}
+
+// Validate reports the first invalid field of o. The error is an *OptionError.
+func (o FlusherOptions) Validate() error {
+	switch {
+	case o.MaxBatch <= 0:
+		return optErr("MaxBatch", "%d, want > 0", o.MaxBatch)
+	case o.CoalesceWindow <= 0:
+		return optErr("CoalesceWindow", "%v, want > 0", o.CoalesceWindow)
+	case o.ImmediateFlushAt <= 0:
+		return optErr("ImmediateFlushAt", "%d, want > 0", o.ImmediateFlushAt)
+	case o.Capacity < o.ImmediateFlushAt:
+		return optErr("Capacity", "%d, want >= ImmediateFlushAt (%d)", o.Capacity, o.ImmediateFlushAt)
+	case o.DrainTimeout <= 0:
+		return optErr("DrainTimeout", "%v, want > 0", o.DrainTimeout)
+	}
+	return nil
+}
+
+// MaintenanceOptions configures the MaintenanceWorker, the periodic backstop
+// behind the opportunistic sweep in RecordHeartbeat. The zero value means
+// the defaults: CleanupStale every minute with the spec's cutoffs, no purges.
+type MaintenanceOptions struct {
+	// Disabled turns the backstop off.
+	Disabled bool
+	// Interval between runs (default 1 min); the first run is one Interval
+	// after Start.
+	Interval time.Duration
+	// StaleAfter and DeadAfter are the CleanupStale cutoffs (defaults 30 s
+	// and 5 min, as in HeartbeatOptions).
+	StaleAfter time.Duration
+	DeadAfter  time.Duration
+	// The purge ages, used when the store implements driver.Purger. Zero
+	// skips that purge: history is kept until asked otherwise.
+	PurgeProcessedAfter   time.Duration // processed rows kept by the store (inbox dedupe records)
+	PurgeDeadLettersAfter time.Duration // dead letters
+	PurgeStreamsAfter     time.Duration // ownerless or expired stream ownership rows
+}
+
+// WithDefaults returns o with every zero field set to its default (purge
+// ages stay zero: no purge).
+func (o MaintenanceOptions) WithDefaults() MaintenanceOptions {
+	if o.Interval == 0 {
+		o.Interval = DefaultMaintenanceInterval
+	}
+	if o.StaleAfter == 0 {
+		o.StaleAfter = DefaultStaleAfter
+	}
+	if o.DeadAfter == 0 {
+		o.DeadAfter = DefaultDeadAfter
+	}
+	return o
+}
+
+// Validate reports the first invalid field of o as it is (call it on the
+// result of WithDefaults). The error is an *OptionError.
+func (o MaintenanceOptions) Validate() error {
+	switch {
+	case o.Interval <= 0:
+		return optErr("Interval", "%v, want > 0", o.Interval)
+	case o.StaleAfter <= 0:
+		return optErr("StaleAfter", "%v, want > 0", o.StaleAfter)
+	case o.DeadAfter < o.StaleAfter:
+		return optErr("DeadAfter", "%v, want >= StaleAfter (%v)", o.DeadAfter, o.StaleAfter)
+	case o.PurgeProcessedAfter < 0:
+		return optErr("PurgeProcessedAfter", "%v, want >= 0 (0 = never)", o.PurgeProcessedAfter)
+	case o.PurgeDeadLettersAfter < 0:
+		return optErr("PurgeDeadLettersAfter", "%v, want >= 0 (0 = never)", o.PurgeDeadLettersAfter)
+	case o.PurgeStreamsAfter < 0:
+		return optErr("PurgeStreamsAfter", "%v, want >= 0 (0 = never)", o.PurgeStreamsAfter)
+	}
+	return nil
+}
