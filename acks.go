@@ -1,0 +1,145 @@
+package workpump
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/workpump/workpump/driver"
+)
+
+// ackRetries bounds the retries of one ack round trip. An ack that still
+// fails is dropped: the item's lease expires and it is delivered again, so
+// nothing is lost, it is only redone.
+const ackRetries = 3
+
+func (p *Pump) queueCompletion(ref driver.Ref) {
+	if !p.complete.Enqueue(ref) {
+		p.stats.ackErrors.Add(1)
+		p.log.Error("completion queue full or closed; the item will be redelivered", "ref", ref.String())
+	}
+}
+
+func (p *Pump) queueFailure(f driver.Failure) {
+	if !p.fail.Enqueue(f) {
+		p.stats.ackErrors.Add(1)
+		p.log.Error("failure queue full or closed; the item will be redelivered", "ref", f.Ref.String())
+	}
+}
+
+// withRetry runs call up to ackRetries times with a short pause, giving up
+// on ctx's end or on an error that retrying cannot fix.
+func withRetry(ctx context.Context, call func() error) error {
+	var err error
+	for i := range ackRetries {
+		if err = call(); err == nil || errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrClosed) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(10<<i) * time.Millisecond):
+		}
+	}
+	return err
+}
+
+func (p *Pump) flushCompletions(ctx context.Context, refs []driver.Ref) error {
+	var res driver.AckResult
+	err := withRetry(ctx, func() (err error) {
+		res, err = p.coord.Complete(ctx, p.opts.ID, refs)
+		return err
+	})
+	if err != nil {
+		p.stats.ackErrors.Add(uint64(len(refs)))
+		return err
+	}
+	p.stats.completed.Add(uint64(res.Applied))
+	p.noteLost(res.Lost, "completion")
+	if h := p.opts.Hooks.Completed; h != nil {
+		lost := refSet(res.Lost)
+		for _, r := range refs {
+			if _, l := lost[r]; !l {
+				h(r)
+			}
+		}
+	}
+	return nil
+}
+
+func (p *Pump) flushFailures(ctx context.Context, fs []driver.Failure) error {
+	req := driver.FailRequest{
+		InstanceID: p.opts.ID, Failures: fs,
+		MaxAttempts: p.opts.MaxAttempts, RetryBase: p.opts.RetryBase, RetryMax: p.opts.RetryMax,
+	}
+	var res driver.AckResult
+	err := withRetry(ctx, func() (err error) {
+		res, err = p.coord.Fail(ctx, req)
+		return err
+	})
+	if err != nil {
+		p.stats.ackErrors.Add(uint64(len(fs)))
+		return err
+	}
+	p.stats.deadLettered.Add(uint64(len(res.DeadLettered)))
+	for _, r := range res.DeadLettered {
+		p.log.Error("item dead-lettered after max attempts", "ref", r.String(), "max_attempts", p.opts.MaxAttempts)
+	}
+	p.noteLost(res.Lost, "failure")
+	if h := p.opts.Hooks.Failed; h != nil {
+		dead, lost := refSet(res.DeadLettered), refSet(res.Lost)
+		for _, f := range fs {
+			if _, l := lost[f.Ref]; l {
+				continue
+			}
+			_, d := dead[f.Ref]
+			h(f.Ref, errors.New(f.Error), d)
+		}
+	}
+	return nil
+}
+
+// release gives back the leases of items this instance will not run now.
+func (p *Pump) release(items []driver.Work) {
+	refs := make([]driver.Ref, len(items))
+	for i, w := range items {
+		refs[i] = w.Ref()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	var res driver.AckResult
+	err := withRetry(ctx, func() (err error) {
+		res, err = p.coord.Release(ctx, p.opts.ID, refs)
+		return err
+	})
+	if err != nil {
+		p.log.Warn("release failed; the leases will expire instead", "items", len(refs), "error", err)
+		return
+	}
+	p.stats.released.Add(uint64(res.Applied))
+	p.noteLost(res.Lost, "release")
+}
+
+func (p *Pump) noteLost(lost []driver.Ref, what string) {
+	if len(lost) == 0 {
+		return
+	}
+	p.stats.leaseLost.Add(uint64(len(lost)))
+	for _, r := range lost {
+		p.log.Warn("store refused "+what+": the lease is held by another attempt", "ref", r.String())
+		if h := p.opts.Hooks.LeaseLost; h != nil {
+			h(r)
+		}
+	}
+}
+
+func refSet(refs []driver.Ref) map[driver.Ref]struct{} {
+	if len(refs) == 0 {
+		return nil
+	}
+	m := make(map[driver.Ref]struct{}, len(refs))
+	for _, r := range refs {
+		m[r] = struct{}{}
+	}
+	return m
+}

@@ -1,0 +1,187 @@
+package workpump
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
+)
+
+// run is the unit the dispatcher schedules: the items of one order scope
+// from one claimed batch, in order. A run executes on one goroutine, one item
+// at a time, so a stream's items never overlap or reorder; different runs
+// proceed in parallel. Items without a stream are runs of their own.
+type run struct {
+	items      []driver.Work
+	claimStart time.Time
+}
+
+type scopeKey struct {
+	category driver.Category
+	stream   string
+	name     string
+}
+
+// dispatcher runs claimed work on a fixed pool of goroutines (no goroutine
+// per item) and hands outcomes to the ack flushers.
+type dispatcher struct {
+	p    *Pump
+	runs chan run
+
+	inflight atomic.Int64 // claimed items not yet finished or released
+	starved  atomic.Bool  // the claim loop saw no room; wake it when room frees
+	stopping atomic.Bool  // Stop began: start no new item
+
+	ctx    context.Context // handlers' parent; cancelled when Stop gives up waiting
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func newDispatcher(p *Pump) *dispatcher {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &dispatcher{
+		p: p,
+		// Room for one run per in-flight item, plus one full batch per
+		// category beyond it, so submit rarely blocks.
+		runs:   make(chan run, p.opts.MaxInFlight+4*p.opts.Claim.MaxStreamsPerBatch),
+		ctx:    ctx,
+		cancel: cancel,
+	}
+}
+
+func (d *dispatcher) start() {
+	for range d.p.opts.Concurrency {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			for r := range d.runs {
+				d.execute(r)
+			}
+		}()
+	}
+}
+
+// capacity is the claim loop's view of free room.
+func (d *dispatcher) capacity() int {
+	free := d.p.opts.MaxInFlight - int(d.inflight.Load())
+	if free <= 0 {
+		d.starved.Store(true)
+		// Re-check: a run may have finished between the load and the store,
+		// and its wake-up would have been missed.
+		if free = d.p.opts.MaxInFlight - int(d.inflight.Load()); free <= 0 {
+			return 0
+		}
+		d.starved.Store(false)
+	}
+	return free
+}
+
+// submit is the claim worker's sink. The batch is grouped by order scope,
+// keeping the store's order (by Seq) inside each scope.
+func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
+	claimStart, _ := workers.ClaimStartedAt(ctx)
+	d.inflight.Add(int64(len(batch)))
+	index := make(map[scopeKey]int, len(batch))
+	runs := make([]run, 0, len(batch))
+	for _, w := range batch {
+		if w.StreamID == "" {
+			runs = append(runs, run{items: []driver.Work{w}, claimStart: claimStart})
+			continue
+		}
+		k := scopeKey{category: w.Category, stream: w.StreamID}
+		if w.Category.OrderedByName() {
+			k.name = w.Name
+		}
+		if i, ok := index[k]; ok {
+			runs[i].items = append(runs[i].items, w)
+			continue
+		}
+		index[k] = len(runs)
+		runs = append(runs, run{items: []driver.Work{w}, claimStart: claimStart})
+	}
+	for i, r := range runs {
+		select {
+		case d.runs <- r:
+		case <-ctx.Done():
+			// Stop is under way: the rest were never started. Deregister
+			// releases their leases; count them out here.
+			for _, rest := range runs[i:] {
+				d.done(len(rest.items))
+			}
+			return
+		}
+	}
+}
+
+// done records n items leaving the dispatcher.
+func (d *dispatcher) done(n int) {
+	d.inflight.Add(int64(-n))
+	if d.starved.CompareAndSwap(true, false) {
+		d.p.requestPoll()
+	}
+}
+
+func (d *dispatcher) execute(r run) {
+	for i, w := range r.items {
+		if d.stopping.Load() {
+			// Not started: leave the lease to Deregister, which Stop calls
+			// after the drain, so a peer can take the item at once.
+			d.done(len(r.items) - i)
+			return
+		}
+		err := d.runOne(w, r.claimStart)
+		d.done(1)
+		if err != nil {
+			// Order: later items of this stream must wait for the failed
+			// one's retry. Give their leases (and attempts) back.
+			if rest := r.items[i+1:]; len(rest) > 0 {
+				d.p.release(rest)
+				d.done(len(rest))
+			}
+			return
+		}
+	}
+}
+
+// runOne runs one item's handler under its lease handle and queues the
+// outcome. It returns the handler's error.
+func (d *dispatcher) runOne(w driver.Work, claimStart time.Time) error {
+	p := d.p
+	h := p.renew.Acquire(d.ctx, w, claimStart)
+	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w}
+	ctx := driver.WithDelivery(h.Context(), del)
+	var err error
+	if handler := p.handlers.lookup(w.Category, w.Name); handler == nil {
+		err = fmt.Errorf("workpump: no handler for %s %q (register one with Pump.Handle, or a catch-all with name \"\")", w.Category, w.Name)
+	} else {
+		err = safeCall(handler, ctx, w)
+	}
+	h.Dispose()
+	if err != nil {
+		p.stats.failed.Add(1)
+		p.log.Warn("handler failed", "ref", w.Ref().String(), "stream", w.StreamID, "name", w.Name, "error", err)
+		p.queueFailure(driver.Failure{Ref: w.Ref(), Error: err.Error()})
+		return err
+	}
+	if del.Settled() {
+		p.stats.completedInTx.Add(1)
+		return nil
+	}
+	p.queueCompletion(w.Ref())
+	return nil
+}
+
+// safeCall turns a handler panic into an error carrying the stack.
+func safeCall(h Handler, ctx context.Context, w driver.Work) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("workpump: handler panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return h(ctx, w)
+}

@@ -1,0 +1,201 @@
+package workpump
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
+)
+
+// Options configures a Pump. The zero value is valid: WithDefaults fills every
+// zero field with the spec's default, and Validate rejects anything else that
+// is out of range with an error naming the option and the rule.
+type Options struct {
+	// ID is this instance's id. Zero means a new UUIDv7 (time-ordered, so
+	// ranks follow start order).
+	ID uuid.UUID
+	// ServiceName, Host and PID identify the instance in the status command;
+	// defaults: the executable's name, os.Hostname and os.Getpid.
+	ServiceName string
+	Host        string
+	PID         int
+	// Metadata is a JSON object stored with the instance row.
+	Metadata json.RawMessage
+
+	// Categories this pump claims. Empty means every category that has a
+	// handler. A listed category without a handler fails Start.
+	Categories []driver.Category
+
+	// Concurrency is the number of handler goroutines (default 16). Items of
+	// one stream always run one at a time, in order.
+	Concurrency int
+	// MaxInFlight caps claimed-but-unfinished items held by this instance
+	// (default 2000): the claim loop asks for no more than the free room, so
+	// a slow handler set never sits on leases other instances could use.
+	MaxInFlight int
+
+	// MaxAttempts: a failure on this attempt dead-letters the item (default 10).
+	MaxAttempts int
+	// RetryBase and RetryMax shape the retry backoff:
+	// min(RetryBase << min(attempts, 10), RetryMax); defaults 30 s and 300 s
+	// (60, 120, 240, 300, 300, ... seconds).
+	RetryBase time.Duration
+	RetryMax  time.Duration
+
+	// AckBatch and AckWindow coalesce completions and failures into one
+	// store round trip: a batch goes out when AckBatch acks are queued or
+	// AckWindow after the first one (defaults 1000 and 5 ms).
+	AckBatch  int
+	AckWindow time.Duration
+
+	// Per-worker options; see package workers for each field.
+	Claim       workers.ClaimOptions
+	Heartbeat   workers.HeartbeatOptions
+	Renewal     workers.RenewalOptions
+	Maintenance workers.MaintenanceOptions
+
+	// Logger receives the pump's logs (default: hclog named "workpump" at
+	// info level on stderr).
+	Logger hclog.Logger
+	// Hooks observe the pump, e.g. for metrics. Nil hooks are skipped.
+	Hooks Hooks
+}
+
+// Hooks are called synchronously from the pump's goroutines; keep them fast.
+type Hooks struct {
+	// BatchClaimed: a claim returned n items.
+	BatchClaimed func(n int, hasMore bool)
+	// HeartbeatRecorded: a heartbeat was written; evicted lists peers removed
+	// by its stale sweep.
+	HeartbeatRecorded func(evicted []uuid.UUID)
+	// Completed: an item's completion was stored.
+	Completed func(ref driver.Ref)
+	// Failed: an item failed; deadLettered says whether it moved to the dead
+	// letters.
+	Failed func(ref driver.Ref, err error, deadLettered bool)
+	// LeaseLost: the store refused an ack or renewal because another instance
+	// holds the item now.
+	LeaseLost func(ref driver.Ref)
+	// GateChanged: the signal listener went up or down.
+	GateChanged func(available bool)
+}
+
+// Defaults from the spec.
+const (
+	DefaultConcurrency = 16
+	DefaultMaxInFlight = 2000
+	DefaultMaxAttempts = 10
+	DefaultRetryBase   = 30 * time.Second
+	DefaultRetryMax    = 300 * time.Second
+	DefaultAckBatch    = 1000
+	DefaultAckWindow   = 5 * time.Millisecond
+)
+
+// WithDefaults returns o with every zero field set to its default.
+func (o Options) WithDefaults() Options {
+	if o.ID == uuid.Nil {
+		o.ID = uuid.Must(uuid.NewV7())
+	}
+	if o.ServiceName == "" {
+		if exe, err := os.Executable(); err == nil {
+			o.ServiceName = filepath.Base(exe)
+		}
+	}
+	if o.Host == "" {
+		o.Host, _ = os.Hostname()
+	}
+	if o.PID == 0 {
+		o.PID = os.Getpid()
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.RetryBase == 0 {
+		o.RetryBase = DefaultRetryBase
+	}
+	if o.RetryMax == 0 {
+		o.RetryMax = DefaultRetryMax
+	}
+	if o.AckBatch == 0 {
+		o.AckBatch = DefaultAckBatch
+	}
+	if o.AckWindow == 0 {
+		o.AckWindow = DefaultAckWindow
+	}
+	o.Claim = o.Claim.WithDefaults()
+	o.Heartbeat = o.Heartbeat.WithDefaults()
+	o.Renewal = o.Renewal.WithDefaults()
+	o.Maintenance = o.Maintenance.WithDefaults()
+	if o.Logger == nil {
+		o.Logger = hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Info, Output: os.Stderr})
+	}
+	return o
+}
+
+// Validate reports the first invalid option, naming it and the rule. Call it
+// on the result of WithDefaults; zero values are invalid where a default
+// would have applied.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if err := (driver.Instance{ID: o.ID, ServiceName: o.ServiceName, Host: o.Host, PID: o.PID, Metadata: o.Metadata}).Validate(); err != nil {
+		bad("%w", err)
+	}
+	for i, c := range o.Categories {
+		if err := c.Validate(); err != nil {
+			bad("Categories[%d]: %w", i, err)
+		}
+	}
+	if o.Concurrency <= 0 {
+		bad("Concurrency: %d, want > 0", o.Concurrency)
+	}
+	if o.MaxInFlight < o.Concurrency {
+		bad("MaxInFlight: %d is below Concurrency %d", o.MaxInFlight, o.Concurrency)
+	}
+	if o.MaxAttempts <= 0 {
+		bad("MaxAttempts: %d, want > 0", o.MaxAttempts)
+	}
+	if o.RetryBase <= 0 {
+		bad("RetryBase: %v, want > 0", o.RetryBase)
+	}
+	if o.RetryMax < o.RetryBase {
+		bad("RetryMax: %v is below RetryBase %v", o.RetryMax, o.RetryBase)
+	}
+	if o.AckBatch <= 0 {
+		bad("AckBatch: %d, want > 0", o.AckBatch)
+	}
+	if o.AckWindow <= 0 {
+		bad("AckWindow: %v, want > 0", o.AckWindow)
+	}
+	for _, sub := range []struct {
+		name string
+		err  error
+	}{
+		{"Claim", o.Claim.Validate()},
+		{"Heartbeat", o.Heartbeat.Validate()},
+		{"Renewal", o.Renewal.Validate()},
+		{"Maintenance", o.Maintenance.Validate()},
+	} {
+		if sub.err != nil {
+			bad("%s.%w", sub.name, sub.err)
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("workpump: invalid options: %w", errors.Join(errs...))
+}

@@ -1,0 +1,392 @@
+// Package workpump moves durable work out of a store (Postgres, or memory in
+// tests) into application handlers, across many processes.
+//
+// A Pump runs on one driver.Coordinator: it registers the instance with a
+// heartbeat, claims leased batches, runs handlers with bounded concurrency
+// while keeping each stream's items in order, renews leases of long
+// handlers, completes or fails items in coalesced batches, and on Stop
+// releases everything it holds so peers take over at once. The drivers live
+// in driver/pgxdriver, driver/bundriver and driver/memdriver; the background
+// loops in package workers.
+package workpump
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
+)
+
+// ErrStopped is returned by Start after Stop.
+var ErrStopped = errors.New("workpump: pump stopped")
+
+// flushTimeout bounds the final flush of acks and the deregister at Stop
+// when the caller's context has already run out: they are what lets peers
+// take over at once, so they get a little time of their own.
+const flushTimeout = 10 * time.Second
+
+// Pump is one instance of the work pump. Create it with New, register
+// handlers with Handle, then Start; Stop on shutdown.
+type Pump struct {
+	coord    driver.Coordinator
+	opts     Options
+	log      hclog.Logger
+	handlers handlerTable
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+
+	sub      driver.Subscription
+	hb       *workers.HeartbeatWorker
+	claim    *workers.ClaimWorker
+	renew    *workers.LeaseRenewalWorker
+	maint    *workers.MaintenanceWorker
+	disp     *dispatcher
+	complete *workers.BatchFlusher[driver.Ref]
+	fail     *workers.BatchFlusher[driver.Failure]
+	gateDone chan struct{}
+
+	stats pumpCounters
+}
+
+type pumpCounters struct {
+	completed, completedInTx, failed, deadLettered, leaseLost, released, ackErrors atomic.Uint64
+}
+
+// Stats is a snapshot of a pump's counters.
+type Stats struct {
+	InFlight      int    // claimed items not yet finished
+	Completed     uint64 // completions the store accepted
+	CompletedInTx uint64 // items the handler completed in its own transaction
+	Failed        uint64 // handler errors and panics
+	DeadLettered  uint64 // failures that moved the item to the dead letters
+	LeaseLost     uint64 // acks or renewals refused: a peer holds the item now
+	Released      uint64 // unstarted items given back
+	AckErrors     uint64 // ack round trips that failed (the items are redelivered later)
+	Claim         workers.ClaimStats
+	Heartbeat     workers.HeartbeatStats
+	Renewal       workers.RenewalStats
+}
+
+// New returns a pump over coord. It applies opts.WithDefaults and validates
+// the result; nothing runs until Start.
+func New(coord driver.Coordinator, opts Options) (*Pump, error) {
+	if coord == nil {
+		return nil, fmt.Errorf("workpump: New: %w: coordinator is nil", driver.ErrInvalidArgument)
+	}
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	return &Pump{coord: coord, opts: opts, log: opts.Logger}, nil
+}
+
+// ID returns the instance id.
+func (p *Pump) ID() uuid.UUID { return p.opts.ID }
+
+// Options returns the options in force (defaults applied).
+func (p *Pump) Options() Options { return p.opts }
+
+// Handle registers h for the items of category c whose Name is name, or for
+// every item of c without a more specific handler when name is "". Register
+// before Start.
+func (p *Pump) Handle(c driver.Category, name string, h Handler) error {
+	return p.handlers.add(c, name, h)
+}
+
+// Enqueue stores items outside any transaction of the caller. To enqueue
+// inside a business transaction, use the driver's EnqueueTx.
+func (p *Pump) Enqueue(ctx context.Context, items ...driver.NewWork) ([]uuid.UUID, error) {
+	return p.coord.Enqueue(ctx, items)
+}
+
+// Start checks the set-up and starts the workers: the heartbeat (which
+// registers the instance before the first claim), lease renewal, the
+// dispatcher, maintenance, and last the claim loop. It returns an error at
+// once when a claimed category has no handler or the store's schema is not
+// installed. Start is idempotent; after Stop it returns ErrStopped.
+func (p *Pump) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return ErrStopped
+	}
+	if p.started {
+		return nil
+	}
+	p.handlers.freeze()
+	cats, err := p.claimedCategories()
+	if err != nil {
+		return err
+	}
+	if sc, ok := p.coord.(driver.SchemaChecker); ok {
+		if err := sc.CheckSchema(ctx); err != nil {
+			return fmt.Errorf("workpump: Start: %w", err)
+		}
+	}
+	if err := p.build(ctx, cats); err != nil {
+		p.teardown(ctx)
+		return err
+	}
+	p.started = true
+	p.log.Info("pump started", "instance", p.opts.ID, "categories", cats, "concurrency", p.opts.Concurrency, "signals", p.sub != nil)
+	return nil
+}
+
+func (p *Pump) claimedCategories() ([]driver.Category, error) {
+	cats := p.opts.Categories
+	if len(cats) == 0 {
+		cats = p.handlers.categories()
+		if len(cats) == 0 {
+			return nil, fmt.Errorf("workpump: Start: no handlers registered (call Pump.Handle before Start)")
+		}
+		return cats, nil
+	}
+	for _, c := range cats {
+		if !p.handlers.hasAny(c) {
+			return nil, fmt.Errorf("workpump: Start: category %s is claimed (Options.Categories) but has no handler", c)
+		}
+	}
+	return (driver.ClaimRequest{Categories: cats}).CategoriesOrAll(), nil
+}
+
+func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
+	o := p.opts
+	var signals workers.SignalSource
+	var lock workers.AliveLock
+	if l, ok := p.coord.(driver.Listener); ok {
+		sub, err := l.Listen(ctx, o.ID)
+		if err != nil {
+			// Polling covers for a missing listener; the pump still runs.
+			p.log.Warn("signal listener unavailable; polling only", "error", err)
+		} else {
+			p.sub = sub
+			lock = sub
+			signals = p.watchGate(sub)
+		}
+	}
+	instance := driver.Instance{ID: o.ID, ServiceName: o.ServiceName, Host: o.Host, PID: o.PID, Metadata: o.Metadata}
+	var err error
+	p.hb, err = workers.NewHeartbeatWorker(workers.HeartbeatConfig{
+		Coordinator: p.coord, Instance: instance, Options: o.Heartbeat, Lock: lock, Logger: p.log,
+		Hooks: workers.HeartbeatHooks{OnBeat: func(e workers.HeartbeatEvent) {
+			if e.Err == nil && o.Hooks.HeartbeatRecorded != nil {
+				o.Hooks.HeartbeatRecorded(e.Evicted)
+			}
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	p.renew, err = workers.NewLeaseRenewalWorker(workers.RenewalConfig{
+		Coordinator: p.coord, InstanceID: o.ID, Lease: o.Claim.Lease, Options: o.Renewal, Logger: p.log,
+		Hooks: workers.RenewalHooks{OnLeaseLost: func(k workers.LeaseKey) {
+			p.stats.leaseLost.Add(1)
+			if o.Hooks.LeaseLost != nil {
+				o.Hooks.LeaseLost(driver.Ref{Category: k.Category, ID: k.ID})
+			}
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	p.maint, err = workers.NewMaintenanceWorker(workers.MaintenanceConfig{Coordinator: p.coord, Options: o.Maintenance, Logger: p.log})
+	if err != nil {
+		return err
+	}
+	ackOpts := workers.FlusherOptions{
+		MaxBatch: o.AckBatch, ImmediateFlushAt: o.AckBatch, CoalesceWindow: o.AckWindow,
+		// Acks are not periodic like renewals: size the queue so that it
+		// cannot fill while the store is reachable.
+		Capacity:     4*o.MaxInFlight + o.AckBatch,
+		DrainTimeout: flushTimeout,
+	}
+	p.complete, err = workers.StartBatchFlusher(ackOpts, p.flushCompletions, p.log.Named("complete"))
+	if err != nil {
+		return err
+	}
+	p.fail, err = workers.StartBatchFlusher(ackOpts, p.flushFailures, p.log.Named("fail"))
+	if err != nil {
+		return err
+	}
+	p.disp = newDispatcher(p)
+	p.claim, err = workers.NewClaimWorker(workers.ClaimConfig{
+		Coordinator: p.coord, InstanceID: o.ID, Options: o.Claim, Categories: cats,
+		Heartbeat: p.hb.Beat, Signals: signals, Sink: p.disp.submit, Capacity: p.disp.capacity, Logger: p.log,
+		Hooks: workers.ClaimHooks{OnPoll: func(e workers.PollEvent) {
+			if e.Items > 0 && o.Hooks.BatchClaimed != nil {
+				o.Hooks.BatchClaimed(e.Items, e.HasMore)
+			}
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	for _, start := range []func(context.Context) error{p.hb.Start, p.renew.Start, p.maint.Start} {
+		if err := start(ctx); err != nil {
+			return err
+		}
+	}
+	p.disp.start()
+	return p.claim.Start(ctx)
+}
+
+// watchGate forwards the subscription's signals to the claim worker and
+// reports gate changes to the GateChanged hook on the way.
+func (p *Pump) watchGate(sub driver.Subscription) workers.SignalSource {
+	hook := p.opts.Hooks.GateChanged
+	if hook == nil {
+		return sub
+	}
+	out := make(chan driver.Signal, cap(sub.Signals())+1)
+	p.gateDone = make(chan struct{})
+	go func() {
+		defer close(p.gateDone)
+		defer close(out)
+		for s := range sub.Signals() {
+			switch s.Kind {
+			case driver.SignalGateAvailable:
+				hook(true)
+			case driver.SignalGateUnavailable:
+				hook(false)
+			}
+			select {
+			case out <- s:
+			default: // coalesce: the claim loop only needs one wake-up
+			}
+		}
+	}()
+	return forwardedSignals{sub: sub, ch: out}
+}
+
+type forwardedSignals struct {
+	sub driver.Subscription
+	ch  chan driver.Signal
+}
+
+func (f forwardedSignals) Signals() <-chan driver.Signal { return f.ch }
+func (f forwardedSignals) Available() bool               { return f.sub.Available() }
+
+func (p *Pump) requestPoll() {
+	if p.claim != nil {
+		p.claim.RequestImmediatePoll()
+	}
+}
+
+// RequestImmediatePoll asks the claim loop to claim now, e.g. after the
+// application enqueued work through a path that sends no signal.
+func (p *Pump) RequestImmediatePoll() { p.requestPoll() }
+
+// Stop stops claiming, lets in-flight handlers finish until ctx is done,
+// then cancels the rest, flushes completions and failures, deregisters the
+// instance (releasing every lease it still holds so peers take over at
+// once) and stops the workers. It is idempotent.
+func (p *Pump) Stop(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return nil
+	}
+	p.stopped = true
+	if !p.started {
+		return nil
+	}
+	err := p.teardown(ctx)
+	p.log.Info("pump stopped", "instance", p.opts.ID, "completed", p.stats.completed.Load(), "failed", p.stats.failed.Load())
+	return err
+}
+
+// teardown undoes build, whatever part of it ran.
+func (p *Pump) teardown(ctx context.Context) error {
+	var errs []error
+	keep := func(err error) {
+		if err != nil && !errors.Is(err, workers.ErrStopped) {
+			errs = append(errs, err)
+		}
+	}
+	if p.claim != nil {
+		keep(p.claim.Stop(ctx))
+	}
+	if p.disp != nil {
+		p.disp.stopping.Store(true)
+		close(p.disp.runs)
+		drained := make(chan struct{})
+		go func() { p.disp.wg.Wait(); close(drained) }()
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			p.log.Warn("stop deadline reached; cancelling running handlers", "in_flight", p.disp.inflight.Load())
+			p.disp.cancel()
+			<-drained
+		}
+		p.disp.cancel()
+	}
+	// The final flushes and the deregister get time of their own: they are
+	// what keeps the work done so far from being redone.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+	defer cancel()
+	if p.complete != nil {
+		keep(p.complete.Close(fctx))
+	}
+	if p.fail != nil {
+		keep(p.fail.Close(fctx))
+	}
+	if p.renew != nil {
+		keep(p.renew.Stop(fctx))
+	}
+	if p.maint != nil {
+		keep(p.maint.Stop(fctx))
+	}
+	if p.hb != nil {
+		keep(p.hb.Stop(fctx))
+	}
+	if p.hb != nil {
+		if err := p.coord.Deregister(fctx, p.opts.ID); err != nil {
+			keep(fmt.Errorf("workpump: deregister: %w", err))
+		}
+	}
+	if p.sub != nil {
+		keep(p.sub.Close())
+		if p.gateDone != nil {
+			<-p.gateDone
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns a snapshot of the pump's counters.
+func (p *Pump) Stats() Stats {
+	s := Stats{
+		Completed:     p.stats.completed.Load(),
+		CompletedInTx: p.stats.completedInTx.Load(),
+		Failed:        p.stats.failed.Load(),
+		DeadLettered:  p.stats.deadLettered.Load(),
+		LeaseLost:     p.stats.leaseLost.Load(),
+		Released:      p.stats.released.Load(),
+		AckErrors:     p.stats.ackErrors.Load(),
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.disp != nil {
+		s.InFlight = int(p.disp.inflight.Load())
+	}
+	if p.claim != nil {
+		s.Claim = p.claim.Stats()
+	}
+	if p.hb != nil {
+		s.Heartbeat = p.hb.Stats()
+	}
+	if p.renew != nil {
+		s.Renewal = p.renew.Stats()
+	}
+	return s
+}
