@@ -245,11 +245,11 @@ func backoff(base, max time.Duration, n int) time.Duration {
 		return base
 	}
 	shift := min(n-1, 10)
-	d := base << shift
-	if d > max || d <= 0 {
+	// Compare before shifting: a huge base would overflow.
+	if base > max>>shift {
 		return max
 	}
-	return d
+	return base << shift
 }
 
 // nextWait returns the wait after a tick with emptyPolls consecutive empty

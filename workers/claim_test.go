@@ -112,6 +112,10 @@ func TestBackoffFormula(t *testing.T) {
 	if got := backoff(time.Millisecond, time.Hour, 50); got != 1024*time.Millisecond {
 		t.Errorf("shift cap: got %v, want 1.024s", got)
 	}
+	// No overflow for a huge base.
+	if got := backoff(time.Duration(1)<<60, time.Duration(1)<<62, 5); got != time.Duration(1)<<62 {
+		t.Errorf("overflow: got %v", got)
+	}
 	// max <= base disables backoff.
 	if got := backoff(sec(1), ms(500), 9); got != sec(1) {
 		t.Errorf("max below base: got %v, want 1s", got)

@@ -1,0 +1,200 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/workpump/workpump/driver"
+)
+
+func newHeartbeat(t *testing.T, coord *fakeCoord, opts HeartbeatOptions, lock AliveLock, mod func(*HeartbeatConfig)) *HeartbeatWorker {
+	t.Helper()
+	cfg := HeartbeatConfig{Coordinator: coord, Instance: testInstance, Options: opts, Lock: lock}
+	if mod != nil {
+		mod(&cfg)
+	}
+	w, err := NewHeartbeatWorker(cfg)
+	if err != nil {
+		t.Fatalf("NewHeartbeatWorker: %v", err)
+	}
+	return w
+}
+
+func every(step time.Duration, n int) []time.Duration {
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = time.Duration(i) * step
+	}
+	return out
+}
+
+func TestHeartbeatCadenceMatrix(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lock string // "none", "held", "free"
+		mode LivenessSource
+		gap  time.Duration
+	}{
+		{"no lock source/advisory", "none", AdvisoryLockWhenAvailable, sec(30)},
+		{"lock held/advisory", "held", AdvisoryLockWhenAvailable, sec(60)},
+		{"lock not held/advisory", "free", AdvisoryLockWhenAvailable, sec(30)},
+		{"no lock source/table only", "none", HeartbeatTableOnly, sec(30)},
+		{"lock held/table only", "held", HeartbeatTableOnly, sec(30)},
+		{"lock not held/table only", "free", HeartbeatTableOnly, sec(30)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				coord := &fakeCoord{}
+				var lock AliveLock
+				if tc.lock != "none" {
+					s := newFakeSub(true)
+					s.lock.Store(tc.lock == "held")
+					lock = s
+				}
+				w := newHeartbeat(t, coord, HeartbeatOptions{LivenessSource: tc.mode}, lock, nil)
+				t0 := time.Now()
+				if err := w.Start(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(sec(301))
+				stop(t, w)
+				eqDurations(t, "beats", coord.offsets("heartbeat", t0), every(tc.gap, int(sec(300)/tc.gap)+1))
+				req := coord.of("heartbeat")[0].req.(driver.HeartbeatRequest)
+				if req.StaleAfter != sec(30) || req.DeadAfter != 5*time.Minute || req.Instance.ID != testInstance.ID {
+					t.Fatalf("request %+v", req)
+				}
+			})
+		})
+	}
+}
+
+func TestHeartbeatLockTransitions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		lock := newFakeSub(true)
+		lock.lock.Store(true)
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(130))
+		lock.lock.Store(false) // held → not held at 130 s; the check at 150 s beats
+		time.Sleep(sec(60))
+		lock.lock.Store(true) // at 190 s: the check at 210 s sees it held, next beat at 240 s
+		time.Sleep(sec(75))
+		lock.lock.Store(false) // at 265 s: the check at 270 s beats
+		time.Sleep(sec(100))
+		stop(t, w)
+		// 0, 60, 120 held; 150, 180 not held; 210 check skipped (held), 240,
+		// then the lock drops at 265: the check at 270 beats, then 300, 330, 360.
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{
+			0, sec(60), sec(120), sec(150), sec(180), sec(240), sec(270), sec(300), sec(330), sec(360),
+		})
+	})
+}
+
+func TestHeartbeatErrorsLoggedAndLoopContinues(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{heartbeat: func(n int) error {
+			if n == 2 || n == 3 {
+				return errors.New("connection refused")
+			}
+			return nil
+		}}
+		lock := newFakeSub(true)
+		lock.lock.Store(true)
+		logs := &logBuf{}
+		var events []HeartbeatEvent
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, func(c *HeartbeatConfig) {
+			c.Logger = logs.logger()
+			c.Hooks.OnBeat = func(e HeartbeatEvent) { events = append(events, e) }
+		})
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(200))
+		stop(t, w)
+		// Held lock: 60 s cadence; after a failure the fast 30 s one.
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(60), sec(90), sec(120), sec(180)})
+		logs.mustContain(t, "heartbeat failed")
+		logs.mustContain(t, "connection refused")
+		if st := w.Stats(); st.Beats != 5 || st.Failures != 2 {
+			t.Fatalf("stats %+v", st)
+		}
+		if len(events) != 5 || events[1].Err == nil || events[3].Err != nil {
+			t.Fatalf("events %+v", events)
+		}
+	})
+}
+
+func TestHeartbeatDisabled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		w := newHeartbeat(t, coord, HeartbeatOptions{Disabled: true}, nil, nil)
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Beat(context.Background()); err != nil {
+			t.Fatalf("Beat: %v", err)
+		}
+		time.Sleep(10 * time.Minute)
+		stop(t, w)
+		if n := len(coord.of("heartbeat")); n != 0 {
+			t.Fatalf("%d heartbeats while disabled", n)
+		}
+	})
+}
+
+func TestHeartbeatBeatMovesSchedule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, nil, nil)
+		t0 := time.Now()
+		// The claim worker's first heartbeat, just before the loop starts.
+		if err := w.Beat(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(10))
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(10))
+		if err := w.Beat(context.Background()); err != nil { // at 20 s
+			t.Fatal(err)
+		}
+		time.Sleep(sec(61))
+		stop(t, w)
+		// No duplicate beat at Start; the loop counts from the last beat.
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(20), sec(50), sec(80)})
+	})
+}
+
+func TestHeartbeatBeatReturnsStoreError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		boom := errors.New("boom")
+		coord := &fakeCoord{heartbeat: func(int) error { return boom }}
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, nil, nil)
+		if err := w.Beat(context.Background()); !errors.Is(err, boom) {
+			t.Fatalf("Beat: %v, want the store's error", err)
+		}
+	})
+}
+
+func TestHeartbeatConstructorRejects(t *testing.T) {
+	if _, err := NewHeartbeatWorker(HeartbeatConfig{Instance: testInstance}); err == nil || !isArgErr(err) {
+		t.Fatalf("nil coordinator: %v", err)
+	}
+	if _, err := NewHeartbeatWorker(HeartbeatConfig{Coordinator: &fakeCoord{}}); err == nil || !strings.Contains(err.Error(), "Instance.ID") {
+		t.Fatalf("nil instance id: %v", err)
+	}
+	_, err := NewHeartbeatWorker(HeartbeatConfig{Coordinator: &fakeCoord{}, Instance: testInstance, Options: HeartbeatOptions{Interval: -sec(1)}})
+	if err == nil || !isArgErr(err) || !strings.Contains(err.Error(), "Interval: -1s") {
+		t.Fatalf("bad interval: %v", err)
+	}
+}
