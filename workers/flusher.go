@@ -150,6 +150,12 @@ func (f *BatchFlusher[T]) run() {
 	timer.Stop()
 	defer timer.Stop()
 	for {
+		select {
+		case <-f.stop:
+			f.drain(pending)
+			return
+		default:
+		}
 		// Take what is already queued, so a backlog goes out in full batches.
 		pending = f.pull(pending)
 		if len(pending) >= f.opts.ImmediateFlushAt || len(pending) >= f.opts.MaxBatch {
