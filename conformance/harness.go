@@ -94,3 +94,10 @@ func (c *Clock) Advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.t = c.t.Add(d).Truncate(time.Microsecond)
 }
+
+// BenchmarkHarness is implemented by harnesses that can also make stores for
+// RunBenchmarks: a benchmark has a *testing.B, which MakeStore cannot take.
+// The store must be isolated and registers its cleanup with b.Cleanup.
+type BenchmarkHarness interface {
+	MakeBenchmarkStore(b *testing.B, cfg StoreConfig) Store
+}

@@ -1,0 +1,224 @@
+package conformance
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/workpump/workpump/driver"
+)
+
+func signalCases() []testCase {
+	return []testCase{
+		{name: "Signals/ListenReportsGateAvailable", needs: needSignals, run: signalAvailable},
+		{name: "Signals/EnqueueWakesOnlyTheRankOwner", needs: needSignals, run: signalRankOwner},
+		{name: "Signals/EnqueueWakesTheStreamOwner", needs: needSignals, run: signalStreamOwner},
+		{name: "Signals/ScheduledEnqueueSendsNothing", needs: needSignals, run: signalScheduled},
+		{name: "Signals/CleanupSendsOrphanToSurvivors", needs: needSignals, run: signalCleanupOrphan},
+		{name: "Signals/DeregisterSendsOrphanToSurvivors", needs: needSignals, run: signalDeregisterOrphan},
+		{name: "Signals/KilledListenerReportsGateUnavailable", needs: needSignals | needFaults, run: signalKilled},
+	}
+}
+
+// waitSignal reads sub until a signal matches, failing after signalTimeout.
+// Delivery may be asynchronous (NOTIFY), so this is a bounded real-time
+// wait; nothing asserts how long delivery took.
+func (e *env) waitSignal(sub driver.Subscription, who string, match func(driver.Signal) bool) driver.Signal {
+	e.t.Helper()
+	timer := time.NewTimer(signalTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case s, ok := <-sub.Signals():
+			if !ok {
+				e.t.Fatalf("%s's signal channel closed while waiting", who)
+			}
+			if match(s) {
+				return s
+			}
+		case <-timer.C:
+			e.t.Fatalf("%s received no matching signal within %v", who, signalTimeout)
+		}
+	}
+}
+
+func isWake(s driver.Signal) bool {
+	return s.Kind == driver.SignalWork || s.Kind == driver.SignalOrphan
+}
+
+// nextWake returns sub's next work or orphan signal (gate changes skipped).
+func (e *env) nextWake(sub driver.Subscription, who string) driver.Signal {
+	e.t.Helper()
+	return e.waitSignal(sub, who, isWake)
+}
+
+// wantWake requires the next wake-up of sub to be want. Cases send a distinct
+// category to each instance last, so an instance that wrongly received an
+// earlier signal sees it here first.
+func (e *env) wantWake(sub driver.Subscription, who string, want driver.Signal) {
+	e.t.Helper()
+	if got := e.nextWake(sub, who); got != want {
+		e.t.Fatalf("%s's next wake-up is %s/%s, want %s/%s", who, got.Kind, got.Category, want.Kind, want.Category)
+	}
+}
+
+func work(c driver.Category) driver.Signal {
+	return driver.Signal{Kind: driver.SignalWork, Category: c}
+}
+
+// streamlessFor returns a streamless item whose id's partition ranks to owner.
+func (e *env) streamlessFor(c driver.Category, live []uuid.UUID, owner uuid.UUID) driver.NewWork {
+	for {
+		w := item(c, "")
+		if rankOwner(driver.PartitionOf(driver.PartitionKey("", w.ID), e.partitions), live) == owner {
+			return w
+		}
+	}
+}
+
+func signalAvailable(e *env) {
+	a := e.instances(1)[0]
+	sub := e.listen(a)
+	if !sub.Available() {
+		e.t.Fatal("Available is false after a successful Listen")
+	}
+	if e.caps.AliveLock && !sub.AliveLockHeld() {
+		e.t.Fatal("AliveLockHeld is false after a successful Listen")
+	}
+}
+
+func signalRankOwner(e *env) {
+	live := e.instances(2)
+	a, b := live[0], live[1]
+	sa, sb := e.listen(a), e.listen(b)
+	e.enqueue(item(driver.Outbox, e.streamFor("to-b", live, b)))
+	e.wantWake(sb, "B", work(driver.Outbox))
+	e.enqueue(e.streamlessFor(driver.Receptor, live, b))
+	e.wantWake(sb, "B", work(driver.Receptor))
+	e.enqueue(item(driver.Inbox, e.streamFor("to-a", live, a)))
+	e.wantWake(sa, "A", work(driver.Inbox)) // not B's outbox or receptor
+	e.enqueue(item(driver.PerspectiveEvent, e.streamFor("to-b2", live, b)))
+	e.wantWake(sb, "B", work(driver.PerspectiveEvent)) // not A's inbox
+}
+
+func signalStreamOwner(e *env) {
+	ids := sortedIDs(2)
+	b, a := ids[0], ids[1]
+	s := e.streamFor("owned", ids, b) // ranks to B once both are live
+	e.register(a)
+	e.enqueue(item(driver.Outbox, s))
+	e.claim(a) // A owns s now
+	e.register(b)
+	sa, sb := e.listen(a), e.listen(b)
+	e.enqueue(item(driver.Receptor, s))
+	e.wantWake(sa, "A (stream owner)", work(driver.Receptor))
+	e.enqueue(item(driver.Inbox, e.streamFor("free", ids, b)))
+	e.wantWake(sb, "B", work(driver.Inbox)) // not the owned stream's receptor
+}
+
+func signalScheduled(e *env) {
+	b := e.instances(1)[0]
+	sb := e.listen(b)
+	later := item(driver.Outbox, "later")
+	later.ScheduledFor = e.now().Add(time.Minute)
+	e.enqueue(later)
+	e.enqueue(item(driver.Inbox, "now"))
+	e.wantWake(sb, "B", work(driver.Inbox)) // not the scheduled outbox item
+}
+
+func signalCleanupOrphan(e *env) {
+	live := e.instances(3)
+	a, b, c := live[0], live[1], live[2]
+	sa, sb := e.listen(a), e.listen(b)
+	e.advance(staleAfter + time.Second)
+	e.register(a, b)
+	if ev := e.cleanup(staleAfter, deadAfter); !sameIDs(ev, []uuid.UUID{c}) {
+		e.t.Fatalf("CleanupStale evicted %v, want [C]", shortIDs(ev))
+	}
+	orphan := driver.Signal{Kind: driver.SignalOrphan}
+	e.wantWake(sa, "A", orphan)
+	e.wantWake(sb, "B", orphan)
+}
+
+func signalDeregisterOrphan(e *env) {
+	live := e.instances(3)
+	a, b, c := live[0], live[1], live[2]
+	sa, sb := e.listen(a), e.listen(b)
+	e.deregister(c)
+	orphan := driver.Signal{Kind: driver.SignalOrphan}
+	e.wantWake(sa, "A", orphan)
+	e.wantWake(sb, "B", orphan)
+}
+
+func signalKilled(e *env) {
+	a := e.instances(1)[0]
+	sub := e.listen(a)
+	if err := e.store.Faults.KillListener(a); err != nil {
+		e.t.Fatalf("KillListener: %v", err)
+	}
+	e.waitSignal(sub, "A", func(s driver.Signal) bool { return s.Kind == driver.SignalGateUnavailable })
+	if sub.Available() {
+		// A reconnecting subscription may already be back; then it must say so.
+		e.waitSignal(sub, "A", func(s driver.Signal) bool { return s.Kind == driver.SignalGateAvailable })
+	}
+}
+
+// ---- inspector ----
+
+func inspectorCases() []testCase {
+	return []testCase{
+		{name: "Inspector/StatsCountsEveryState", run: inspectorStats},
+		{name: "Inspector/NowFollowsTheStoreClock", run: inspectorNow},
+	}
+}
+
+func inspectorStats(e *env) {
+	a := e.instances(1)[0]
+	expired := item(driver.Outbox, "")
+	e.enqueue(expired)
+	e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: time.Minute, MaxPerCategory: 10})
+	leased := item(driver.Outbox, "")
+	e.enqueue(leased)
+	e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: time.Hour, MaxPerCategory: 10})
+	processed := item(driver.Inbox, "")
+	e.enqueue(processed)
+	e.completeAll(a, e.claim(a).Work)
+	e.advance(2 * time.Minute)
+	ready, sched := item(driver.Outbox, ""), item(driver.Outbox, "")
+	sched.ScheduledFor = e.now().Add(time.Hour)
+	e.enqueue(ready, sched, item(driver.Receptor, ""))
+	st := e.stats()
+	if !st.Now.Equal(e.now()) {
+		e.t.Fatalf("Stats.Now = %s, want %s", ts(st.Now), ts(e.now()))
+	}
+	want := map[driver.Category]driver.CategoryStats{
+		// Ready counts due rows that are unowned or whose lease expired.
+		driver.Outbox:           {Ready: 2, Scheduled: 1, Leased: 1, Orphaned: 1},
+		driver.Inbox:            {Processed: 1},
+		driver.PerspectiveEvent: {},
+		driver.Receptor:         {Ready: 1},
+	}
+	for c, w := range want {
+		if got := st.Categories[c]; got != w {
+			e.t.Fatalf("Stats %s = %+v, want %+v", c, got, w)
+		}
+	}
+	if got := st.LeasesByInstance[a]; got[driver.Outbox] != 1 || got[driver.Inbox] != 0 {
+		e.t.Fatalf("Stats.LeasesByInstance[A] = %v, want outbox 1 (unexpired only)", got)
+	}
+	if st.DeadLetters != 0 || len(st.Instances) != 1 || st.Instances[0].ID != a {
+		e.t.Fatalf("Stats DeadLetters=%d Instances=%v, want 0 and [A]", st.DeadLetters, st.Instances)
+	}
+}
+
+func inspectorNow(e *env) {
+	for _, d := range []time.Duration{0, time.Microsecond, time.Hour, 36 * time.Hour} {
+		e.advance(d)
+		got, err := e.in.Now(e.ctx)
+		if err != nil {
+			e.t.Fatalf("Now: %v", err)
+		}
+		if !got.Equal(e.now()) {
+			e.t.Fatalf("Inspector.Now = %s, want %s", ts(got), ts(e.now()))
+		}
+	}
+}
