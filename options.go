@@ -136,6 +136,13 @@ func (o Options) WithDefaults() Options {
 	if o.AckWindow == 0 {
 		o.AckWindow = DefaultAckWindow
 	}
+	// One liveness setting for both sweepers unless set apart.
+	if o.Maintenance.StaleAfter == 0 {
+		o.Maintenance.StaleAfter = o.Heartbeat.StaleAfter
+	}
+	if o.Maintenance.DeadAfter == 0 {
+		o.Maintenance.DeadAfter = o.Heartbeat.DeadAfter
+	}
 	o.Claim = o.Claim.WithDefaults()
 	o.Heartbeat = o.Heartbeat.WithDefaults()
 	o.Renewal = o.Renewal.WithDefaults()
@@ -194,8 +201,11 @@ func (o Options) Validate() error {
 			bad("%s.%w", sub.name, sub.err)
 		}
 	}
+	if len(errs) == 0 && o.Renewal.LeaseGrace >= o.Claim.Lease {
+		bad("Renewal.LeaseGrace: %v, want below Claim.Lease %v (handlers would be cancelled at once)", o.Renewal.LeaseGrace, o.Claim.Lease)
+	}
 	if len(errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("workpump: invalid options: %w", errors.Join(errs...))
+	return fmt.Errorf("%w: options: %w", driver.ErrInvalidArgument, errors.Join(errs...))
 }

@@ -18,10 +18,11 @@
 // to the caller and LeaseExpiry to now+Lease. A row is claimable only when it
 // is unprocessed AND (unowned OR its lease has expired) AND it is due
 // (ScheduledFor <= now). Every claim increments Attempts, so the first claim
-// hands out attempt 1 and a re-issue after expiry, failure or release hands out
-// a higher number; Work.Orphaned is true when the row had been handed out
-// before. The (ID, Attempts) pair is the fencing token that Complete and Fail
-// check.
+// hands out attempt 1 and a re-issue after expiry or failure hands out a
+// higher number (Release gives its attempt back, so a re-issue after release
+// hands out the released number again); Work.Orphaned is true when the row
+// had been handed out before. The (ID, Attempts) pair, together with the
+// lease owner, is the fencing token that Complete, Fail and Release check.
 //
 // Streams and order. Rows with the same order scope are handed out strictly in
 // enqueue order (Work.Seq): a row is claimable only when every earlier
@@ -39,7 +40,12 @@
 // lease has not expired is claimed only by that owner. Any other row is
 // claimed only by the instance whose rank equals Partition mod liveCount.
 // Claiming a row of a stream makes the caller its owner until now+Lease;
-// renewing a row's lease extends its stream's lease too.
+// renewing a row's lease extends its stream's lease too. Ownership ends early
+// when the owner completes, fails or releases its last leased row of the
+// stream (in any category): a stream stays with one instance while it has
+// work in flight there, and otherwise returns to its rank owner, so streams
+// rebalance over the live instances between batches instead of sticking to
+// whichever instance claimed them first.
 //
 // Completion, failure, dead letters. Complete removes a row (inbox rows are
 // kept, marked processed, so a redelivered message id is deduplicated until it

@@ -1,0 +1,86 @@
+package workpump_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/workpump/workpump"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
+)
+
+func TestOptions_DefaultsAreTheSpecs(t *testing.T) {
+	o := workpump.Options{}.WithDefaults()
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"MaxAttempts", o.MaxAttempts, 10},
+		{"RetryBase", o.RetryBase, 30 * time.Second},
+		{"RetryMax", o.RetryMax, 300 * time.Second},
+		{"Claim.PollInterval", o.Claim.PollInterval, 250 * time.Millisecond},
+		{"Claim.MaxPollInterval", o.Claim.MaxPollInterval, 10 * time.Second},
+		{"Claim.NotifyHealthyPollInterval", o.Claim.NotifyHealthyPollInterval, 5 * time.Second},
+		{"Claim.MaxStreamsPerBatch", o.Claim.MaxStreamsPerBatch, 1000},
+		{"Claim.Lease", o.Claim.Lease, 300 * time.Second},
+		{"Heartbeat.Interval", o.Heartbeat.Interval, 30 * time.Second},
+		{"Heartbeat.SlowInterval", o.Heartbeat.SlowInterval, 60 * time.Second},
+		{"Heartbeat.StaleAfter", o.Heartbeat.StaleAfter, 30 * time.Second},
+		{"Heartbeat.DeadAfter", o.Heartbeat.DeadAfter, 5 * time.Minute},
+		{"Renewal.LeaseGrace", o.Renewal.LeaseGrace, 30 * time.Second},
+		{"Renewal.MaxRenewalsPerWork", o.Renewal.MaxRenewalsPerWork, 6},
+		{"Maintenance.StaleAfter", o.Maintenance.StaleAfter, 30 * time.Second},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if o.ID.Version() != 7 {
+		t.Errorf("default ID version = %d, want a UUIDv7", o.ID.Version())
+	}
+}
+
+func TestOptions_InvalidNamed(t *testing.T) {
+	cases := []struct {
+		name string
+		mod  func(*workpump.Options)
+		want string
+	}{
+		{"negative concurrency", func(o *workpump.Options) { o.Concurrency = -1 }, "Concurrency: -1"},
+		{"in-flight below concurrency", func(o *workpump.Options) { o.Concurrency = 8; o.MaxInFlight = 4 }, "MaxInFlight: 4 is below Concurrency 8"},
+		{"negative attempts", func(o *workpump.Options) { o.MaxAttempts = -2 }, "MaxAttempts: -2"},
+		{"retry max below base", func(o *workpump.Options) { o.RetryBase = time.Minute; o.RetryMax = time.Second }, "RetryMax: 1s is below RetryBase 1m0s"},
+		{"negative ack window", func(o *workpump.Options) { o.AckWindow = -time.Second }, "AckWindow: -1s"},
+		{"metadata not an object", func(o *workpump.Options) { o.Metadata = json.RawMessage(`[1]`) }, "Instance.Metadata: must be a JSON object"},
+		{"unknown category", func(o *workpump.Options) { o.Categories = []driver.Category{"jobs"} }, `Categories[0]: workpump: unknown category: "jobs"`},
+		{"negative poll interval", func(o *workpump.Options) { o.Claim.PollInterval = -time.Second }, "Claim.PollInterval: -1s"},
+		{"zero batch", func(o *workpump.Options) { o.Claim.MaxStreamsPerBatch = -5 }, "Claim.MaxStreamsPerBatch: -5"},
+		{"negative heartbeat", func(o *workpump.Options) { o.Heartbeat.Interval = -time.Second }, "Heartbeat.Interval"},
+		{"grace beyond lease", func(o *workpump.Options) { o.Claim.Lease = 10 * time.Second; o.Renewal.LeaseGrace = 20 * time.Second }, "Renewal.LeaseGrace: 20s, want below Claim.Lease 10s"},
+		{"capacity below flush threshold", func(o *workpump.Options) { o.Renewal.Capacity = 10; o.Renewal.ImmediateFlushAt = 50 }, "Renewal.Capacity"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := workpump.Options{}
+			c.mod(&o)
+			_, err := workpump.New(memStoreForOptions(), o)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("New = %v, want an error containing %q", err, c.want)
+			}
+			if !errors.Is(err, driver.ErrInvalidArgument) && !errors.Is(err, driver.ErrUnknownCategory) {
+				t.Fatalf("error %v does not wrap ErrInvalidArgument", err)
+			}
+		})
+	}
+	if _, err := workpump.New(nil, workpump.Options{}); !errors.Is(err, driver.ErrInvalidArgument) {
+		t.Fatalf("New(nil) = %v, want ErrInvalidArgument", err)
+	}
+	_ = workers.TightPolling
+}
