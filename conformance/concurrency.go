@@ -25,15 +25,15 @@ func concurrencyCases() []testCase {
 type ledger struct {
 	mu        sync.Mutex
 	err       error
-	handed    map[uuid.UUID]uuid.UUID // row -> instance currently holding it
-	owner     map[string]uuid.UUID    // stream -> the only instance that ever got it
-	lastSeq   map[string]int64        // stream -> last handed-out Seq
-	completed map[string][]int64      // stream -> Seqs in completion order
+	handed    map[uuid.UUID]uuid.UUID      // row -> instance currently holding it
+	inFlight  map[string]map[uuid.UUID]int // stream -> instance -> rows it holds
+	lastSeq   map[string]int64             // stream -> last handed-out Seq
+	completed map[string][]int64           // stream -> Seqs in completion order
 	done      map[uuid.UUID]bool
 }
 
 func newLedger() *ledger {
-	return &ledger{handed: map[uuid.UUID]uuid.UUID{}, owner: map[string]uuid.UUID{}, lastSeq: map[string]int64{}, completed: map[string][]int64{}, done: map[uuid.UUID]bool{}}
+	return &ledger{handed: map[uuid.UUID]uuid.UUID{}, inFlight: map[string]map[uuid.UUID]int{}, lastSeq: map[string]int64{}, completed: map[string][]int64{}, done: map[uuid.UUID]bool{}}
 }
 
 func (l *ledger) fail(format string, args ...any) {
@@ -61,7 +61,8 @@ func scope(w driver.Work) string {
 
 // handOut records a claim result. With the clock frozen no lease expires and
 // nothing is released, so a row may be handed out only once, a stream only
-// to one instance, and each scope only in increasing Seq.
+// to one instance while another holds rows of it, and each scope only in
+// increasing Seq.
 func (l *ledger) handOut(inst uuid.UUID, ws []driver.Work) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -77,11 +78,16 @@ func (l *ledger) handOut(inst uuid.UUID, ws []driver.Work) {
 		if w.StreamID == "" {
 			continue
 		}
-		if o, ok := l.owner[w.StreamID]; ok && o != inst {
-			l.err = fmt.Errorf("stream %q handed to %s after %s held it under a live stream lease", w.StreamID, short(inst), short(o))
-			return
+		if l.inFlight[w.StreamID] == nil {
+			l.inFlight[w.StreamID] = map[uuid.UUID]int{}
 		}
-		l.owner[w.StreamID] = inst
+		for o, n := range l.inFlight[w.StreamID] {
+			if o != inst && n > 0 {
+				l.err = fmt.Errorf("stream %q handed to %s while %s holds %d of its rows under a live lease", w.StreamID, short(inst), short(o), n)
+				return
+			}
+		}
+		l.inFlight[w.StreamID][inst]++
 		k := scope(w)
 		if last, ok := l.lastSeq[k]; ok && w.Seq <= last {
 			l.err = fmt.Errorf("scope %s handed out Seq %d after Seq %d", k, w.Seq, last)
@@ -91,13 +97,17 @@ func (l *ledger) handOut(inst uuid.UUID, ws []driver.Work) {
 	}
 }
 
-func (l *ledger) complete(ws []driver.Work) {
+// complete records completions. Workers call it just before Complete: once
+// the store applies it, a peer may legitimately get the stream, and the
+// peer's hand-out must not be judged against a stale ledger.
+func (l *ledger) complete(inst uuid.UUID, ws []driver.Work) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, w := range ws {
 		delete(l.handed, w.ID)
 		l.done[w.ID] = true
 		if w.StreamID != "" {
+			l.inFlight[w.StreamID][inst]--
 			l.completed[scope(w)] = append(l.completed[scope(w)], w.Seq)
 		}
 	}
@@ -146,6 +156,7 @@ func worker(e *env, l *ledger, inst uuid.UUID, max int, carry bool, seed uint64,
 			}
 		}
 		if len(todo) > 0 {
+			l.complete(inst, todo)
 			ack, err := e.c.Complete(e.ctx, inst, refsOf(todo))
 			if err != nil {
 				l.fail("Complete(%s): %v", short(inst), err)
@@ -155,7 +166,6 @@ func worker(e *env, l *ledger, inst uuid.UUID, max int, carry bool, seed uint64,
 				l.fail("Complete of %d held refs by %s: Applied=%d Lost=%v", len(todo), short(inst), ack.Applied, ack.Lost)
 				return
 			}
-			l.complete(todo)
 		}
 		held = keep
 		if len(held) == 0 && len(res.Work) == 0 && final {

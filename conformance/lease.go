@@ -275,11 +275,11 @@ func renewStream(e *env) {
 	e.register(b)
 	e.advance(5 * time.Minute)
 	e.register(a, b)
-	e.completeAll(a, held)
-	next := item(driver.Outbox, s)
+	next := item(driver.Inbox, s)
 	e.enqueue(next)
 	e.wantNone("the rank owner's claim of a stream whose lease A renewed", e.claim(b))
 	e.wantIDs("A's claim of its renewed stream", e.claim(a).Work, next.ID)
+	e.mustBeLeased(driver.Outbox, w.ID, a, held[0].LeaseExpiry.Add(8*time.Minute+50*time.Second), 1, "the renewal")
 }
 
 func renewProcessed(e *env) {

@@ -41,42 +41,48 @@ func streamClaimSetsOwner(e *env) {
 	}
 }
 
-// twoWithOwner registers a alone, lets it claim and complete the first row
-// of stream s (so a owns s), then registers b in front of a in rank order;
-// s is chosen so that b's rank claims it once both are live.
-func twoWithOwner(e *env, prefix string) (a, b uuid.UUID, s string) {
+// twoWithOwner registers a alone and lets it claim (and keep leased) the
+// first outbox row of stream s, so a owns s; then it registers b in front
+// of a in rank order. s is chosen so that b's rank claims it once both are
+// live.
+func twoWithOwner(e *env, prefix string) (a, b uuid.UUID, s string, head driver.Work) {
 	ids := sortedIDs(2)
 	b, a = ids[0], ids[1] // b joins ahead of a, so a's rank changes too
 	s = e.streamFor(prefix, ids, b)
 	e.register(a)
 	first := item(driver.Outbox, s)
 	e.enqueue(first)
-	e.completeAll(a, e.claim(a).Work)
+	head = e.claim(a).Work[0]
 	e.mustOwn(s, a, e.now().Add(defaultLease), "A's claim")
 	e.register(b)
-	return a, b, s
+	return a, b, s, head
 }
 
 func streamOwnerKeepsAfterRankChange(e *env) {
-	a, b, s := twoWithOwner(e, "keep")
-	for _, c := range driver.Categories {
+	a, b, s, _ := twoWithOwner(e, "keep")
+	for _, c := range []driver.Category{driver.Inbox, driver.PerspectiveEvent, driver.Receptor} {
 		next := item(c, s)
 		e.enqueue(next)
 		e.advance(defaultLease / 8)
 		e.register(a, b)
 		e.wantNone("B's claim of a stream A owns ("+string(c)+")", e.claim(b))
 		e.wantIDs("A's claim of its own stream after B took that rank", e.claim(a).Work, next.ID)
+		e.mustOwn(s, a, e.now().Add(defaultLease), "A's claim")
 	}
 }
 
 func streamExpiredGoesToRankOwner(e *env) {
-	a, b, s := twoWithOwner(e, "expire")
-	e.advance(defaultLease + time.Second)
-	e.register(a, b)
+	a, b, s, head := twoWithOwner(e, "expire")
 	next := item(driver.Outbox, s)
 	e.enqueue(next)
+	e.advance(defaultLease + time.Second)
+	e.register(a, b)
 	e.wantNone("A's claim after its stream lease expired", e.claim(a))
-	e.wantIDs("rank owner B's claim", e.claim(b).Work, next.ID)
+	res := e.claim(b).Work
+	e.wantIDs("rank owner B's claim", res, head.ID, next.ID)
+	if res[0].ID != head.ID || res[0].Attempts != 2 || !res[0].Orphaned {
+		e.t.Fatalf("B's claim starts with %s#%d orphaned=%v, want A's expired head re-issued as attempt 2", short(res[0].ID), res[0].Attempts, res[0].Orphaned)
+	}
 	e.mustOwn(s, b, e.now().Add(defaultLease), "B's claim")
 }
 
@@ -84,7 +90,7 @@ func streamBlockedWhileLeased(e *env) {
 	ids := sortedIDs(2)
 	a, b := ids[0], ids[1]
 	e.register(a)
-	s := "blocked"
+	s := e.streamFor("blocked", ids, a)
 	r1 := item(driver.Outbox, s)
 	e.enqueue(r1)
 	first := e.claim(a).Work
