@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -81,6 +82,23 @@ type PurgeRequest struct {
 	StreamsExpiredFor    time.Duration // ownerless or expired stream ownership rows
 }
 
+// Validate checks r: no age may be negative (zero skips that purge).
+func (r PurgeRequest) Validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"ProcessedOlderThan", r.ProcessedOlderThan},
+		{"DeadLettersOlderThan", r.DeadLettersOlderThan},
+		{"StreamsExpiredFor", r.StreamsExpiredFor},
+	} {
+		if f.d < 0 {
+			return fmt.Errorf("%w: %s: %v is negative", ErrInvalidArgument, f.name, f.d)
+		}
+	}
+	return nil
+}
+
 // PurgeResult counts what Purge removed.
 type PurgeResult struct {
 	Processed, DeadLetters, Streams int
@@ -140,6 +158,8 @@ type Inspector interface {
 	// when the row does not exist.
 	GetWork(ctx context.Context, c Category, id uuid.UUID) (ws WorkState, ok bool, err error)
 	ListInstances(ctx context.Context) ([]InstanceState, error)
+	// ListDeadLetters returns dead letters oldest first, at most limit of
+	// them; limit <= 0 means all.
 	ListDeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
 	GetStreamOwner(ctx context.Context, streamID string) (so StreamOwner, ok bool, err error)
 	Stats(ctx context.Context) (Stats, error)

@@ -35,6 +35,19 @@ func (c Category) Valid() bool {
 	return false
 }
 
+// index numbers a valid category by its position in Categories.
+func (c Category) index() byte {
+	switch c {
+	case Outbox:
+		return 0
+	case Inbox:
+		return 1
+	case PerspectiveEvent:
+		return 2
+	}
+	return 3
+}
+
 // Renewable reports whether RenewLeases accepts c. Receptor work is not
 // renewable: a receptor that outlives its lease is re-issued.
 func (c Category) Renewable() bool {

@@ -41,9 +41,10 @@ func RetryDelay(attempts int, base, max time.Duration) time.Duration {
 	if attempts > 10 {
 		attempts = 10
 	}
-	d := base << attempts
-	if d > max || d <= 0 {
+	// Compare before shifting: base << attempts can overflow into a small
+	// positive value that would pass a d > max check.
+	if base <= 0 || base > max>>attempts {
 		return max
 	}
-	return d
+	return base << attempts
 }

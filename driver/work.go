@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -83,6 +85,9 @@ func (r Ref) String() string { return fmt.Sprintf("%s/%s#%d", r.Category, r.ID, 
 type Failure struct {
 	Ref Ref
 	// Error is the failure text stored with the row (and in the dead letter).
+	// Drivers store SanitizeErrorText(Error): handler errors are arbitrary
+	// text, and a NUL byte or invalid UTF-8 (which Postgres text rejects) must
+	// not make Fail itself fail.
 	Error string
 	// RetryAfter overrides the backoff for this item when positive.
 	RetryAfter time.Duration
@@ -95,13 +100,14 @@ func ValidateNewWork(items []NewWork) error {
 	if len(items) == 0 {
 		return fmt.Errorf("%w: items: empty", ErrInvalidArgument)
 	}
-	seen := make(map[Ref]int, len(items))
+	seen := getSeen()
+	defer putSeen(seen)
 	for i, it := range items {
 		if err := it.Category.Validate(); err != nil {
 			return fmt.Errorf("items[%d].Category: %w", i, err)
 		}
 		if it.ID != uuid.Nil {
-			k := Ref{Category: it.Category, ID: it.ID}
+			k := refKey{id: it.ID, c: it.Category.index()}
 			if j, dup := seen[k]; dup {
 				return fmt.Errorf("%w: items[%d].ID: %s repeats items[%d].ID", ErrInvalidArgument, i, it.ID, j)
 			}
@@ -159,13 +165,36 @@ func checkText(field, s string, max int) error {
 	return nil
 }
 
+// refKey identifies a row for duplicate checks without the category string:
+// validation of a 1000-item batch is on the hot path, and a fixed 17-byte
+// key hashes much faster.
+type refKey struct {
+	id uuid.UUID
+	c  byte
+}
+
+// seenPool recycles the duplicate-check maps: clear keeps a map's buckets,
+// so steady-state validation allocates nothing.
+var seenPool = sync.Pool{New: func() any { return make(map[refKey]int) }}
+
+func getSeen() map[refKey]int { return seenPool.Get().(map[refKey]int) }
+
+func putSeen(m map[refKey]int) {
+	if len(m) > 1<<16 {
+		return // do not pin the buckets of an exceptional batch
+	}
+	clear(m)
+	seenPool.Put(m)
+}
+
 // ValidateRefs checks a Complete/Release argument: non-empty, known
 // categories, non-nil ids, positive attempts, no repeats.
 func ValidateRefs(refs []Ref) error {
 	if len(refs) == 0 {
 		return fmt.Errorf("%w: refs: empty", ErrInvalidArgument)
 	}
-	seen := make(map[Ref]int, len(refs))
+	seen := getSeen()
+	defer putSeen(seen)
 	for i, r := range refs {
 		if err := r.Category.Validate(); err != nil {
 			return fmt.Errorf("refs[%d].Category: %w", i, err)
@@ -176,7 +205,7 @@ func ValidateRefs(refs []Ref) error {
 		if r.Attempts < 1 {
 			return fmt.Errorf("%w: refs[%d].Attempts: %d, want >= 1 (the attempt the claim handed out)", ErrInvalidArgument, i, r.Attempts)
 		}
-		k := Ref{Category: r.Category, ID: r.ID}
+		k := refKey{id: r.ID, c: r.Category.index()}
 		if j, dup := seen[k]; dup {
 			return fmt.Errorf("%w: refs[%d]: %s repeats refs[%d]", ErrInvalidArgument, i, r, j)
 		}
@@ -196,4 +225,14 @@ func ValidateIDs(field string, ids []uuid.UUID) error {
 		}
 	}
 	return nil
+}
+
+// SanitizeErrorText makes a failure text storable as Postgres text: invalid
+// UTF-8 sequences and NUL bytes become U+FFFD. Valid text is returned as is.
+func SanitizeErrorText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }

@@ -1,0 +1,328 @@
+// Package memdriver is an in-memory driver.Coordinator with the semantics
+// the Postgres drivers have, an injectable clock and fault hooks.
+//
+// It serves application unit tests, the workers' synctest timing tests, the
+// demo command, and it is the reference implementation the conformance
+// suite is checked against. Every stored time is truncated to microseconds,
+// the precision of Postgres timestamps, so both kinds of driver report the
+// same values.
+//
+// The fault hooks (Kill, HalfOpen, DropListener, RestoreListener,
+// HoldAliveLock) break an instance the way production breaks it, so tests
+// can exercise failover without processes or a database.
+package memdriver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/workpump/workpump/driver"
+)
+
+// Options configures a Store. The zero value is ready to use.
+type Options struct {
+	// Now is the store's clock; nil means time.Now (which inside a
+	// testing/synctest bubble is the bubble's fake clock).
+	Now func() time.Time
+	// PartitionCount is the partition count rows are enqueued with; 0 means
+	// driver.DefaultPartitionCount.
+	PartitionCount int
+	// SignalBuffer is each subscription's signal channel capacity; 0 means 64.
+	// A full channel drops further signals (delivery coalesces).
+	SignalBuffer int
+}
+
+// Store is the in-memory store. It implements driver.Coordinator,
+// driver.Inspector, driver.Listener, driver.Purger and driver.SchemaChecker
+// and is safe for concurrent use.
+//
+// Work returned by ClaimWork shares its Payload and Metadata bytes with the
+// store (they were copied at Enqueue); treat them as read-only. The
+// Inspector returns copies.
+type Store struct {
+	mu         sync.Mutex
+	nowFn      func() time.Time
+	partitions int
+	sigBuf     int
+
+	cats        [4]*catStore
+	streams     map[string]*streamRow
+	instances   map[uuid.UUID]*instanceRow
+	live        []uuid.UUID // registered instance ids in UUID byte order (rank order)
+	deadLetters []driver.DeadLetter
+
+	subs     map[uuid.UUID][]*subscription
+	locks    map[uuid.UUID]*aliveLock
+	killed   map[uuid.UUID]bool
+	halfOpen map[uuid.UUID]bool
+	down     map[uuid.UUID]bool // listener connection dropped
+
+	callMark uint64   // numbers claim and renew calls for per-call marks
+	visited  []*scope // scratch for ClaimWork, reused under mu
+}
+
+// streamRow is one stream ownership row, shared by all categories.
+type streamRow struct {
+	owner  uuid.UUID
+	expiry time.Time
+}
+
+type instanceRow struct {
+	inst          driver.Instance
+	startedAt     time.Time
+	lastHeartbeat time.Time
+}
+
+var (
+	_ driver.Coordinator   = (*Store)(nil)
+	_ driver.Inspector     = (*Store)(nil)
+	_ driver.Listener      = (*Store)(nil)
+	_ driver.Purger        = (*Store)(nil)
+	_ driver.SchemaChecker = (*Store)(nil)
+)
+
+// New returns an empty store.
+func New(opts Options) *Store {
+	s := &Store{
+		nowFn:      opts.Now,
+		partitions: opts.PartitionCount,
+		sigBuf:     opts.SignalBuffer,
+		streams:    make(map[string]*streamRow),
+		instances:  make(map[uuid.UUID]*instanceRow),
+		subs:       make(map[uuid.UUID][]*subscription),
+		locks:      make(map[uuid.UUID]*aliveLock),
+		killed:     make(map[uuid.UUID]bool),
+		halfOpen:   make(map[uuid.UUID]bool),
+		down:       make(map[uuid.UUID]bool),
+	}
+	if s.partitions <= 0 {
+		s.partitions = driver.DefaultPartitionCount
+	}
+	if s.sigBuf <= 0 {
+		s.sigBuf = 64
+	}
+	for i, c := range driver.Categories {
+		s.cats[i] = newCatStore(c)
+	}
+	return s
+}
+
+// now reads the clock at Postgres precision. UTC keeps values comparable
+// with ==-style snapshots across drivers.
+func (s *Store) now() time.Time {
+	var t time.Time
+	if s.nowFn != nil {
+		t = s.nowFn()
+	} else {
+		t = time.Now()
+	}
+	return t.UTC().Truncate(time.Microsecond)
+}
+
+func trunc(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return t.UTC().Truncate(time.Microsecond)
+}
+
+// cat returns the table of a validated category.
+func (s *Store) cat(c driver.Category) *catStore {
+	switch c {
+	case driver.Outbox:
+		return s.cats[0]
+	case driver.Inbox:
+		return s.cats[1]
+	case driver.PerspectiveEvent:
+		return s.cats[2]
+	case driver.Receptor:
+		return s.cats[3]
+	}
+	panic("memdriver: unvalidated category " + string(c))
+}
+
+func compareUUID(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }
+
+// checkAlive rejects calls made for a killed instance: a dead process's
+// calls never reach the store.
+func (s *Store) checkAlive(id uuid.UUID) error {
+	if s.killed[id] {
+		return fmt.Errorf("memdriver: instance %s was killed: %w", id, driver.ErrClosed)
+	}
+	return nil
+}
+
+func (s *Store) checkRegistered(id uuid.UUID) error {
+	if s.instances[id] == nil {
+		return fmt.Errorf("%w: %s (record a heartbeat first)", driver.ErrUnknownInstance, id)
+	}
+	return nil
+}
+
+// claimer returns the instance that may claim a row of stream (or of a
+// streamless row) with partition: the live owner of an unexpired stream
+// lease, else the instance whose rank is partition mod liveCount; uuid.Nil
+// when no instance is registered.
+func (s *Store) claimer(stream string, partition int, now time.Time) uuid.UUID {
+	if stream != "" {
+		if st := s.streams[stream]; st != nil && st.owner != uuid.Nil && !st.expiry.Before(now) && s.instances[st.owner] != nil {
+			return st.owner
+		}
+	}
+	if len(s.live) == 0 {
+		return uuid.Nil
+	}
+	return s.live[partition%len(s.live)]
+}
+
+// cloneJSONObject copies metadata, storing empty as {} the way a NOT NULL
+// jsonb column with that default would.
+func cloneJSONObject(m json.RawMessage) json.RawMessage {
+	if len(m) == 0 {
+		return json.RawMessage("{}")
+	}
+	return bytes.Clone(m)
+}
+
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return bytes.Clone(b)
+}
+
+// RecordHeartbeat upserts the instance row (StartedAt on first insert, last
+// heartbeat = now, identity fields updated) and runs the stale sweep when
+// another instance's heartbeat is older than StaleAfter.
+func (s *Store) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.HeartbeatResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.HeartbeatResult{}, err
+	}
+	id := req.Instance.ID
+	meta := cloneJSONObject(req.Instance.Metadata)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkAlive(id); err != nil {
+		return driver.HeartbeatResult{}, err
+	}
+	if s.halfOpen[id] {
+		return driver.HeartbeatResult{}, fmt.Errorf("memdriver: heartbeat of half-open instance %s lost: %w", id, driver.ErrClosed)
+	}
+	now := s.now()
+	in := s.instances[id]
+	if in == nil {
+		in = &instanceRow{startedAt: now}
+		s.instances[id] = in
+		i, _ := slices.BinarySearchFunc(s.live, id, compareUUID)
+		s.live = slices.Insert(s.live, i, id)
+	}
+	in.inst = req.Instance
+	in.inst.Metadata = meta
+	in.lastHeartbeat = now
+
+	cutoff := now.Add(-req.StaleAfter)
+	for oid, o := range s.instances {
+		if oid != id && o.lastHeartbeat.Before(cutoff) {
+			return driver.HeartbeatResult{Evicted: s.sweep(now, req.StaleAfter, req.DeadAfter)}, nil
+		}
+	}
+	return driver.HeartbeatResult{}, nil
+}
+
+// CleanupStale evicts instances older than StaleAfter whose alive-lock is
+// free and instances older than DeadAfter regardless, and returns their ids
+// in UUID order.
+func (s *Store) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sweep(s.now(), req.StaleAfter, req.DeadAfter), nil
+}
+
+// sweep is the stale-instance eviction shared by CleanupStale and
+// RecordHeartbeat.
+func (s *Store) sweep(now time.Time, staleAfter, deadAfter time.Duration) []uuid.UUID {
+	staleCut, deadCut := now.Add(-staleAfter), now.Add(-deadAfter)
+	var evicted []uuid.UUID
+	for _, id := range s.live { // rank order, so evicted is sorted
+		hb := s.instances[id].lastHeartbeat
+		if hb.Before(deadCut) || (hb.Before(staleCut) && !s.lockHeld(id)) {
+			evicted = append(evicted, id)
+		}
+	}
+	if len(evicted) > 0 {
+		s.evict(evicted, now)
+	}
+	return evicted
+}
+
+// Deregister releases every lease and stream the instance holds, deletes
+// its row and tells the remaining instances (SignalOrphan). An unknown
+// instance is not an error.
+func (s *Store) Deregister(ctx context.Context, instanceID uuid.UUID) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if instanceID == uuid.Nil {
+		return fmt.Errorf("%w: instanceID: nil UUID", driver.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkAlive(instanceID); err != nil {
+		return err
+	}
+	if s.instances[instanceID] == nil {
+		return nil
+	}
+	s.evict([]uuid.UUID{instanceID}, s.now())
+	return nil
+}
+
+// evict deletes the instance rows of ids, releases their leases in every
+// category (attempts unchanged) and their stream ownership, and signals
+// SignalOrphan to every remaining instance.
+func (s *Store) evict(ids []uuid.UUID, now time.Time) {
+	gone := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		gone[id] = true
+		delete(s.instances, id)
+	}
+	s.live = slices.DeleteFunc(s.live, func(id uuid.UUID) bool { return gone[id] })
+	var touched []*row
+	for _, c := range s.cats {
+		touched = touched[:0]
+		for _, r := range c.rows {
+			if !r.removed && r.instance != uuid.Nil && gone[r.instance] {
+				r.instance = uuid.Nil
+				r.w.LeaseExpiry = time.Time{}
+				touched = append(touched, r)
+			}
+		}
+		for _, r := range touched {
+			c.touch(r.sc, now)
+		}
+	}
+	for _, st := range s.streams {
+		if gone[st.owner] {
+			st.owner = uuid.Nil
+			st.expiry = time.Time{}
+		}
+	}
+	for _, id := range s.live {
+		s.deliver(id, driver.Signal{Kind: driver.SignalOrphan})
+	}
+}

@@ -1,0 +1,368 @@
+package memdriver
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/workpump/workpump/driver"
+)
+
+// Enqueue stores items and returns their ids in input order. An id that
+// already exists in its category is a no-op that still returns the id
+// (inbox rows are kept after processing, so a redelivered message is
+// deduplicated). Each new due item wakes the instance that will claim it.
+func (s *Store) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUID, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := driver.ValidateNewWork(items); err != nil {
+		return nil, err
+	}
+	ids := make([]uuid.UUID, len(items))
+	rows := make([]row, len(items)) // one allocation; rows never move
+	for i, it := range items {
+		id := it.ID
+		if id == uuid.Nil {
+			var err error
+			if id, err = uuid.NewV7(); err != nil {
+				return nil, fmt.Errorf("memdriver: assign id to items[%d]: %w", i, err)
+			}
+		}
+		ids[i] = id
+		rows[i].w = driver.Work{
+			ID:           id,
+			Category:     it.Category,
+			StreamID:     it.StreamID,
+			Partition:    driver.PartitionOf(driver.PartitionKey(it.StreamID, id), s.partitions),
+			Name:         it.Name,
+			MessageType:  it.MessageType,
+			Payload:      cloneBytes(it.Payload),
+			Metadata:     cloneJSONObject(it.Metadata),
+			ScheduledFor: trunc(it.ScheduledFor),
+		}
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	type wake struct {
+		to uuid.UUID
+		c  driver.Category
+	}
+	var wakes []wake
+	for i := range rows {
+		r := &rows[i]
+		c := s.cat(r.w.Category)
+		if _, exists := c.rows[r.w.ID]; exists {
+			continue
+		}
+		r.w.CreatedAt = now
+		c.insert(r, now)
+		if r.w.ScheduledFor.After(now) {
+			continue
+		}
+		to := s.claimer(r.w.StreamID, r.w.Partition, now)
+		if to == uuid.Nil {
+			continue
+		}
+		dup := false
+		for _, w := range wakes {
+			if w.to == to && w.c == r.w.Category {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			wakes = append(wakes, wake{to: to, c: r.w.Category})
+		}
+	}
+	for _, w := range wakes {
+		s.deliver(w.to, driver.Signal{Kind: driver.SignalWork, Category: w.c})
+	}
+	return ids, nil
+}
+
+// ClaimWork leases claimable rows to req.InstanceID: per category, the
+// oldest rows (by Seq) that are unprocessed, unowned or expired, due,
+// routed to the caller (stream owner, else rank) and whose earlier rows of
+// the same order scope are all handed out in this call, at most
+// MaxPerCategory of them.
+func (s *Store) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.ClaimResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.ClaimResult{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkAlive(req.InstanceID); err != nil {
+		return driver.ClaimResult{}, err
+	}
+	if err := s.checkRegistered(req.InstanceID); err != nil {
+		return driver.ClaimResult{}, err
+	}
+	now := s.now()
+	leaseExp := now.Add(req.Lease).Truncate(time.Microsecond)
+	var res driver.ClaimResult
+	for _, c := range req.CategoriesOrAll() {
+		if s.claimCategory(s.cat(c), req.InstanceID, now, leaseExp, req.MaxPerCategory, &res.Work) == req.MaxPerCategory {
+			res.HasMore = true
+		}
+	}
+	return res, nil
+}
+
+// claimCategory merges the order scopes of c by Seq: it pops the scope
+// whose next row is oldest, takes that row if it may, and pushes the scope
+// back keyed by its following row, so the rows taken are exactly the oldest
+// max rows that satisfy the prefix rule. Scopes it visited are re-filed at
+// the end (leased heads park until their lease ends).
+func (s *Store) claimCategory(c *catStore, me uuid.UUID, now, leaseExp time.Time, max int, out *[]driver.Work) int {
+	c.promote(now)
+	s.callMark++
+	mark := s.callMark
+	visited := s.visited[:0]
+	n := 0
+	for n < max && c.ready.size() > 0 {
+		sc := c.ready.popMin()
+		if sc.mark != mark {
+			sc.mark = mark
+			visited = append(visited, sc)
+			sc.cursor = sc.nextPending(sc.head)
+			if sc.cursor >= len(sc.rows) {
+				continue
+			}
+			h := sc.rows[sc.cursor]
+			if s.claimer(h.w.StreamID, h.w.Partition, now) != me {
+				continue
+			}
+		}
+		r := sc.rows[sc.cursor]
+		if !claimableByTime(r, now) {
+			continue // it blocks the rest of its scope
+		}
+		r.w.Attempts++
+		r.instance = me
+		r.w.LeaseExpiry = leaseExp
+		if *out == nil {
+			*out = make([]driver.Work, 0, min(max, c.pending))
+		}
+		*out = append(*out, r.w)
+		(*out)[len(*out)-1].Orphaned = r.handedOut
+		r.handedOut = true
+		n++
+		if sc.took != mark && r.w.StreamID != "" {
+			sc.took = mark
+			s.ownStream(r.w.StreamID, me, leaseExp)
+		}
+		if sc.cursor = sc.nextPending(sc.cursor + 1); sc.cursor < len(sc.rows) {
+			c.ready.push(sc.rows[sc.cursor].w.Seq, sc)
+		}
+	}
+	for _, sc := range visited {
+		c.touch(sc, now)
+	}
+	clear(visited)
+	s.visited = visited[:0]
+	return n
+}
+
+// ownStream makes me the owner of stream until exp.
+func (s *Store) ownStream(stream string, me uuid.UUID, exp time.Time) {
+	st := s.streams[stream]
+	if st == nil {
+		st = &streamRow{}
+		s.streams[stream] = st
+	}
+	st.owner = me
+	st.expiry = exp
+}
+
+// RenewLeases sets lease expiry = now+Lease on the rows of req.IDs that are
+// unprocessed and leased to the caller, extends the stream lease of those
+// rows' streams the caller owns, and reports the other ids in Lost.
+func (s *Store) RenewLeases(ctx context.Context, req driver.RenewRequest) (driver.RenewResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.RenewResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.RenewResult{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkAlive(req.InstanceID); err != nil {
+		return driver.RenewResult{}, err
+	}
+	if err := s.checkRegistered(req.InstanceID); err != nil {
+		return driver.RenewResult{}, err
+	}
+	now := s.now()
+	exp := now.Add(req.Lease).Truncate(time.Microsecond)
+	c := s.cat(req.Category)
+	s.callMark++
+	mark := s.callMark
+	var res driver.RenewResult
+	var lost map[uuid.UUID]bool // dedupes Lost when ids repeat
+	for _, id := range req.IDs {
+		r := c.rows[id]
+		if r != nil && !r.removed && r.instance == req.InstanceID {
+			if r.renewMark == mark {
+				continue // a repeated id renews (and counts) once
+			}
+			r.renewMark = mark
+			r.w.LeaseExpiry = exp
+			res.Renewed++
+			if r.w.StreamID != "" {
+				if st := s.streams[r.w.StreamID]; st != nil && st.owner == req.InstanceID {
+					st.expiry = exp
+				}
+			}
+			continue
+		}
+		if lost == nil {
+			lost = make(map[uuid.UUID]bool)
+		}
+		if !lost[id] {
+			lost[id] = true
+			res.Lost = append(res.Lost, id)
+		}
+	}
+	return res, nil
+}
+
+// holds reports whether r is the unprocessed row leased to id at attempt.
+func holds(r *row, id uuid.UUID, attempts int) bool {
+	return r != nil && !r.removed && r.instance == id && r.w.Attempts == attempts
+}
+
+func (r *row) clearLease() {
+	r.instance = uuid.Nil
+	r.w.LeaseExpiry = time.Time{}
+}
+
+func checkInstanceArg(id uuid.UUID) error {
+	if id == uuid.Nil {
+		return fmt.Errorf("%w: instanceID: nil UUID", driver.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Complete deletes the rows of refs still leased to the caller at the same
+// attempt; inbox rows are kept, marked processed, for deduplication.
+func (s *Store) Complete(ctx context.Context, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := checkInstanceArg(instanceID); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := driver.ValidateRefs(refs); err != nil {
+		return driver.AckResult{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkAlive(instanceID); err != nil {
+		return driver.AckResult{}, err
+	}
+	now := s.now()
+	var res driver.AckResult
+	for _, ref := range refs {
+		c := s.cat(ref.Category)
+		r := c.rows[ref.ID]
+		if !holds(r, instanceID, ref.Attempts) {
+			res.Lost = append(res.Lost, ref)
+			continue
+		}
+		r.clearLease()
+		if ref.Category == driver.Inbox {
+			r.processedAt = now
+		} else {
+			delete(c.rows, ref.ID)
+		}
+		c.unpend(r, now)
+		res.Applied++
+	}
+	return res, nil
+}
+
+// Fail records failures of attempts still leased to the caller: the row's
+// lease is cleared and it is retried after the backoff, or moved to the
+// dead letters once Attempts >= MaxAttempts.
+func (s *Store) Fail(ctx context.Context, req driver.FailRequest) (driver.AckResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.AckResult{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkAlive(req.InstanceID); err != nil {
+		return driver.AckResult{}, err
+	}
+	now := s.now()
+	var res driver.AckResult
+	for _, f := range req.Failures {
+		c := s.cat(f.Ref.Category)
+		r := c.rows[f.Ref.ID]
+		if !holds(r, req.InstanceID, f.Ref.Attempts) {
+			res.Lost = append(res.Lost, f.Ref)
+			continue
+		}
+		msg := driver.SanitizeErrorText(f.Error)
+		r.lastError = msg
+		r.clearLease()
+		res.Applied++
+		if r.w.Attempts >= req.MaxAttempts {
+			delete(c.rows, f.Ref.ID)
+			c.unpend(r, now)
+			s.deadLetters = append(s.deadLetters, driver.DeadLetter{Work: r.w, Error: msg, DeadLetteredAt: now})
+			res.DeadLettered = append(res.DeadLettered, f.Ref)
+			continue
+		}
+		d := f.RetryAfter
+		if d <= 0 {
+			d = driver.RetryDelay(r.w.Attempts, req.RetryBase, req.RetryMax)
+		}
+		r.w.ScheduledFor = now.Add(d).Truncate(time.Microsecond)
+		c.touch(r.sc, now)
+	}
+	return res, nil
+}
+
+// Release clears the leases of attempts the caller never ran and gives the
+// attempt back (Attempts-1); ScheduledFor is unchanged.
+func (s *Store) Release(ctx context.Context, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := checkInstanceArg(instanceID); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := driver.ValidateRefs(refs); err != nil {
+		return driver.AckResult{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkAlive(instanceID); err != nil {
+		return driver.AckResult{}, err
+	}
+	now := s.now()
+	var res driver.AckResult
+	for _, ref := range refs {
+		c := s.cat(ref.Category)
+		r := c.rows[ref.ID]
+		if !holds(r, instanceID, ref.Attempts) {
+			res.Lost = append(res.Lost, ref)
+			continue
+		}
+		r.clearLease()
+		r.w.Attempts--
+		c.touch(r.sc, now)
+		res.Applied++
+	}
+	return res, nil
+}
