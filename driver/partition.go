@@ -20,7 +20,8 @@ func PartitionOf(key string, count int) int {
 	}
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(count))
+	// uint64: a count above MaxUint32 would truncate to 0 as uint32 and panic.
+	return int(uint64(h.Sum32()) % uint64(count))
 }
 
 // PartitionKey returns the key PartitionOf hashes for a row.

@@ -56,6 +56,7 @@ type Store struct {
 	instances   map[uuid.UUID]*instanceRow
 	live        []uuid.UUID // registered instance ids in UUID byte order (rank order)
 	deadLetters []driver.DeadLetter
+	held        map[holdKey]int // leased rows per (stream, instance)
 
 	subs     map[uuid.UUID][]*subscription
 	locks    map[uuid.UUID]*aliveLock
@@ -94,6 +95,7 @@ func New(opts Options) *Store {
 		partitions: opts.PartitionCount,
 		sigBuf:     opts.SignalBuffer,
 		streams:    make(map[string]*streamRow),
+		held:       make(map[holdKey]int),
 		instances:  make(map[uuid.UUID]*instanceRow),
 		subs:       make(map[uuid.UUID][]*subscription),
 		locks:      make(map[uuid.UUID]*aliveLock),
@@ -307,8 +309,7 @@ func (s *Store) evict(ids []uuid.UUID, now time.Time) {
 		touched = touched[:0]
 		for _, r := range c.rows {
 			if !r.removed && r.instance != uuid.Nil && gone[r.instance] {
-				r.instance = uuid.Nil
-				r.w.LeaseExpiry = time.Time{}
+				s.unlease(r)
 				touched = append(touched, r)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -657,6 +658,30 @@ func refClaim(s *Store, c driver.Category, me uuid.UUID, now time.Time, max int)
 	return out
 }
 
+// checkHeld recounts the leased rows per (stream, instance) and checks that
+// every stream owner holds at least one row of its stream.
+func checkHeld(t *testing.T, s *Store, step int) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := map[holdKey]int{}
+	for _, c := range s.cats {
+		for _, r := range c.rows {
+			if !r.removed && r.instance != uuid.Nil && r.w.StreamID != "" {
+				want[holdKey{r.w.StreamID, r.instance}]++
+			}
+		}
+	}
+	if !maps.Equal(want, s.held) {
+		t.Fatalf("step %d: held counts %v, recounted %v", step, s.held, want)
+	}
+	for name, st := range s.streams {
+		if st.owner != uuid.Nil && want[holdKey{name, st.owner}] == 0 {
+			t.Fatalf("step %d: stream %q owned by %s, which holds none of its rows", step, name, st.owner)
+		}
+	}
+}
+
 // TestClaimMatchesReference drives random operations and checks every claim
 // against refClaim, which exercises the ready/parked indexes through
 // expiries, retries, releases, evictions and clock jumps.
@@ -754,6 +779,7 @@ func TestClaimMatchesReference(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
+				checkHeld(t, f.s, step)
 			}
 		})
 	}
@@ -839,4 +865,58 @@ func BenchmarkClaimComplete(b *testing.B) {
 			b.ReportMetric(float64(b.N)/timed.Seconds(), "items/s")
 		})
 	}
+}
+
+// TestStreamOwnershipEndsWithTheLastLeasedRow: the owner keeps a stream
+// while it holds any of its rows (in any category) and loses it when it
+// completes, fails or releases the last one.
+func TestStreamOwnershipEndsWithTheLastLeasedRow(t *testing.T) {
+	f := newFx(t, Options{})
+	in := ids(2)
+	a, b := in[0], in[1]
+	f.heartbeat(a)
+	f.heartbeat(b)
+	// A stream B's rank claims, taken by A while B was not yet registered.
+	s := streamOf("own", 64, 2, 1)
+	if err := f.s.Deregister(f.ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	f.enqueue(outbox(s), driver.NewWork{Category: driver.Inbox, StreamID: s}, driver.NewWork{Category: driver.Receptor, StreamID: s})
+	res := f.claim(a, 10)
+	if len(res.Work) != 3 {
+		t.Fatalf("A claimed %d rows, want 3", len(res.Work))
+	}
+	f.heartbeat(b)
+	owner := func() uuid.UUID {
+		so, ok, err := f.s.GetStreamOwner(f.ctx, s)
+		if err != nil || !ok {
+			t.Fatalf("GetStreamOwner: ok=%v err=%v", ok, err)
+		}
+		return so.InstanceID
+	}
+	if got := owner(); got != a {
+		t.Fatalf("owner after claim = %s, want A", got)
+	}
+	if ack, _ := f.s.Complete(f.ctx, a, []driver.Ref{res.Work[0].Ref()}); ack.Applied != 1 || owner() != a {
+		t.Fatalf("after completing one of three rows: applied %d, owner %s, want A", ack.Applied, owner())
+	}
+	if ack, _ := f.s.Fail(f.ctx, driver.FailRequest{InstanceID: a, Failures: []driver.Failure{{Ref: res.Work[1].Ref(), Error: "boom\x00\xff"}},
+		MaxAttempts: 5, RetryBase: time.Second, RetryMax: time.Minute}); ack.Applied != 1 || owner() != a {
+		t.Fatalf("after failing the second row: applied %d, owner %s, want A", ack.Applied, owner())
+	}
+	if ws := f.work(res.Work[1].Category, res.Work[1].ID); ws.LastError != "boom\uFFFD\uFFFD" {
+		t.Fatalf("stored error %q, want NUL and invalid UTF-8 replaced", ws.LastError)
+	}
+	subB := f.listen(b)
+	if ack, _ := f.s.Release(f.ctx, a, []driver.Ref{res.Work[2].Ref()}); ack.Applied != 1 || owner() != uuid.Nil {
+		t.Fatalf("after releasing the last row: applied %d, owner %s, want none", ack.Applied, owner())
+	}
+	// The stream is back with its rank owner B: the released receptor row is
+	// B's, and new work wakes B.
+	if got := f.claim(b, 10); len(got.Work) != 1 || got.Work[0].ID != res.Work[2].ID || got.Work[0].Attempts != 1 {
+		t.Fatalf("B claimed %+v, want the released receptor row at attempt 1", got.Work)
+	}
+	drain(subB)
+	f.enqueue(outbox(s))
+	wantSignals(t, "B owns the stream again", subB, driver.Signal{Kind: driver.SignalWork, Category: driver.Outbox})
 }

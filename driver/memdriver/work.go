@@ -145,8 +145,7 @@ func (s *Store) claimCategory(c *catStore, me uuid.UUID, now, leaseExp time.Time
 			continue // it blocks the rest of its scope
 		}
 		r.w.Attempts++
-		r.instance = me
-		r.w.LeaseExpiry = leaseExp
+		s.lease(r, me, leaseExp)
 		if *out == nil {
 			*out = make([]driver.Work, 0, min(max, c.pending))
 		}
@@ -238,9 +237,59 @@ func holds(r *row, id uuid.UUID, attempts int) bool {
 	return r != nil && !r.removed && r.instance == id && r.w.Attempts == attempts
 }
 
-func (r *row) clearLease() {
+// holdKey counts the rows of a stream leased to one instance (any
+// category), so that ownership can end with the owner's last leased row.
+// The counts live apart from the stream rows, which Purge may delete.
+type holdKey struct {
+	stream string
+	id     uuid.UUID
+}
+
+// lease leases r to id until exp.
+func (s *Store) lease(r *row, id uuid.UUID, exp time.Time) {
+	if r.w.StreamID != "" {
+		if r.instance != uuid.Nil {
+			s.unhold(r.w.StreamID, r.instance) // re-issue of an expired lease
+		}
+		s.held[holdKey{stream: r.w.StreamID, id: id}]++
+	}
+	r.instance = id
+	r.w.LeaseExpiry = exp
+}
+
+// unlease clears r's lease. last reports that it was the holder's last
+// leased row of r's stream.
+func (s *Store) unlease(r *row) (last bool) {
+	if r.w.StreamID != "" && r.instance != uuid.Nil {
+		last = s.unhold(r.w.StreamID, r.instance)
+	}
 	r.instance = uuid.Nil
 	r.w.LeaseExpiry = time.Time{}
+	return last
+}
+
+func (s *Store) unhold(stream string, id uuid.UUID) (last bool) {
+	k := holdKey{stream: stream, id: id}
+	n := s.held[k] - 1
+	if n <= 0 {
+		delete(s.held, k)
+		return true
+	}
+	s.held[k] = n
+	return false
+}
+
+// settle clears the lease of a row id completed, failed or released; when
+// that was id's last leased row of a stream id owns, the ownership ends
+// (the stream returns to its rank owner).
+func (s *Store) settle(r *row, id uuid.UUID) {
+	if !s.unlease(r) {
+		return
+	}
+	if st := s.streams[r.w.StreamID]; st != nil && st.owner == id {
+		st.owner = uuid.Nil
+		st.expiry = time.Time{}
+	}
 }
 
 func checkInstanceArg(id uuid.UUID) error {
@@ -276,7 +325,7 @@ func (s *Store) Complete(ctx context.Context, instanceID uuid.UUID, refs []drive
 			res.Lost = append(res.Lost, ref)
 			continue
 		}
-		r.clearLease()
+		s.settle(r, instanceID)
 		if ref.Category == driver.Inbox {
 			r.processedAt = now
 		} else {
@@ -314,7 +363,7 @@ func (s *Store) Fail(ctx context.Context, req driver.FailRequest) (driver.AckRes
 		}
 		msg := driver.SanitizeErrorText(f.Error)
 		r.lastError = msg
-		r.clearLease()
+		s.settle(r, req.InstanceID)
 		res.Applied++
 		if r.w.Attempts >= req.MaxAttempts {
 			delete(c.rows, f.Ref.ID)
@@ -359,7 +408,7 @@ func (s *Store) Release(ctx context.Context, instanceID uuid.UUID, refs []driver
 			res.Lost = append(res.Lost, ref)
 			continue
 		}
-		r.clearLease()
+		s.settle(r, instanceID)
 		r.w.Attempts--
 		c.touch(r.sc, now)
 		res.Applied++
