@@ -446,6 +446,14 @@ func (c *catStore) insert(r *row, now time.Time) {
 	}
 }
 
+// drop deletes r from the table. Rows are allocated in slabs per Enqueue
+// call and stale index entries may point at a dropped row for a while, so
+// its bytes are let go of here rather than when the row becomes garbage.
+func (c *catStore) drop(r *row) {
+	delete(c.rows, r.w.ID)
+	r.w.Payload, r.w.Metadata = nil, nil
+}
+
 // unpend removes r from its scope (completed, processed or dead-lettered).
 func (c *catStore) unpend(r *row, now time.Time) {
 	r.removed = true

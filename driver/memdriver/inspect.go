@@ -178,9 +178,9 @@ func (s *Store) Purge(ctx context.Context, req driver.PurgeRequest) (driver.Purg
 	if req.ProcessedOlderThan > 0 {
 		cut := now.Add(-req.ProcessedOlderThan)
 		for _, c := range s.cats {
-			for id, r := range c.rows {
+			for _, r := range c.rows {
 				if !r.processedAt.IsZero() && r.processedAt.Before(cut) {
-					delete(c.rows, id)
+					c.drop(r)
 					res.Processed++
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -919,4 +920,74 @@ func TestStreamOwnershipEndsWithTheLastLeasedRow(t *testing.T) {
 	drain(subB)
 	f.enqueue(outbox(s))
 	wantSignals(t, "B owns the stream again", subB, driver.Signal{Kind: driver.SignalWork, Category: driver.Outbox})
+}
+
+func TestPurge(t *testing.T) {
+	f := newFx(t, Options{})
+	a := ids(1)[0]
+	f.heartbeat(a)
+	inboxID := f.enqueue(driver.NewWork{Category: driver.Inbox, StreamID: "in"})[0]
+	dlID := f.enqueue(outbox("dl"))[0]
+	res := f.claim(a, 10)
+	var inboxRef, dlRef driver.Ref
+	for _, w := range res.Work {
+		if w.ID == inboxID {
+			inboxRef = w.Ref()
+		} else {
+			dlRef = w.Ref()
+		}
+	}
+	if _, err := f.s.Complete(f.ctx, a, []driver.Ref{inboxRef}); err != nil {
+		t.Fatal(err)
+	}
+	if ack, err := f.s.Fail(f.ctx, driver.FailRequest{InstanceID: a, Failures: []driver.Failure{{Ref: dlRef, Error: "x"}}, MaxAttempts: 1, RetryBase: time.Second, RetryMax: time.Second}); err != nil || len(ack.DeadLettered) != 1 {
+		t.Fatalf("Fail: %+v %v", ack, err)
+	}
+	// A stream still owned with a live lease.
+	f.enqueue(outbox("held"))
+	f.claim(a, 10)
+
+	count := func() (processed, dead, streams int) {
+		st, err := f.s.Stats(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []string{"in", "dl", "held"} {
+			if _, ok, _ := f.s.GetStreamOwner(f.ctx, s); ok {
+				streams++
+			}
+		}
+		return st.Categories[driver.Inbox].Processed, st.DeadLetters, streams
+	}
+	if p, d, s := count(); p != 1 || d != 1 || s != 3 {
+		t.Fatalf("before purge: processed %d, dead letters %d, streams %d; want 1, 1, 3", p, d, s)
+	}
+	if _, err := f.s.Purge(f.ctx, driver.PurgeRequest{ProcessedOlderThan: time.Minute, StreamsExpiredFor: -time.Second}); !errors.Is(err, driver.ErrInvalidArgument) || !strings.Contains(err.Error(), "StreamsExpiredFor") {
+		t.Fatalf("negative age: %v, want ErrInvalidArgument naming StreamsExpiredFor", err)
+	}
+	f.clk.Advance(time.Hour)
+	if got, err := f.s.Purge(f.ctx, driver.PurgeRequest{}); err != nil || got != (driver.PurgeResult{}) {
+		t.Fatalf("zero request purged %+v, %v", got, err)
+	}
+	if p, d, s := count(); p != 1 || d != 1 || s != 3 {
+		t.Fatalf("after rejected and empty purges: processed %d, dead letters %d, streams %d; want 1, 1, 3", p, d, s)
+	}
+	// Not old enough yet: processed and dead-lettered an hour ago; the
+	// released streams ("in", "dl") have no lease and "held" expired 55 min ago.
+	if got, err := f.s.Purge(f.ctx, driver.PurgeRequest{ProcessedOlderThan: 2 * time.Hour, DeadLettersOlderThan: 2 * time.Hour, StreamsExpiredFor: 2 * time.Hour}); err != nil || got != (driver.PurgeResult{Streams: 2}) {
+		t.Fatalf("purge of young rows: %+v, %v; want only the 2 released streams", got, err)
+	}
+	got, err := f.s.Purge(f.ctx, driver.PurgeRequest{ProcessedOlderThan: 30 * time.Minute, DeadLettersOlderThan: 30 * time.Minute, StreamsExpiredFor: 30 * time.Minute})
+	if err != nil || got != (driver.PurgeResult{Processed: 1, DeadLetters: 1, Streams: 1}) {
+		t.Fatalf("purge: %+v, %v; want 1 of each", got, err)
+	}
+	if p, d, s := count(); p != 0 || d != 0 || s != 0 {
+		t.Fatalf("after purge: processed %d, dead letters %d, streams %d; want none", p, d, s)
+	}
+	// The inbox id is no longer deduplicated, the dead-lettered id is free.
+	f.enqueue(driver.NewWork{ID: inboxID, Category: driver.Inbox}, driver.NewWork{ID: dlID, Category: driver.Outbox})
+	if ws := f.work(driver.Inbox, inboxID); !ws.ProcessedAt.IsZero() || ws.Attempts != 0 {
+		t.Fatalf("re-enqueued inbox row after purge: %+v, want a fresh row", ws)
+	}
+	f.work(driver.Outbox, dlID)
 }

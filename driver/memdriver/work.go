@@ -329,7 +329,7 @@ func (s *Store) Complete(ctx context.Context, instanceID uuid.UUID, refs []drive
 		if ref.Category == driver.Inbox {
 			r.processedAt = now
 		} else {
-			delete(c.rows, ref.ID)
+			c.drop(r)
 		}
 		c.unpend(r, now)
 		res.Applied++
@@ -366,9 +366,9 @@ func (s *Store) Fail(ctx context.Context, req driver.FailRequest) (driver.AckRes
 		s.settle(r, req.InstanceID)
 		res.Applied++
 		if r.w.Attempts >= req.MaxAttempts {
-			delete(c.rows, f.Ref.ID)
-			c.unpend(r, now)
 			s.deadLetters = append(s.deadLetters, driver.DeadLetter{Work: r.w, Error: msg, DeadLetteredAt: now})
+			c.drop(r)
+			c.unpend(r, now)
 			res.DeadLettered = append(res.DeadLettered, f.Ref)
 			continue
 		}
