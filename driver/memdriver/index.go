@@ -75,9 +75,9 @@ type scopeKey struct {
 // compactHead. A row without a stream is a scope of its own (row.solo), which
 // saves a map entry and an allocation per row.
 //
-// A scope is in exactly one of three places: the ready heap (its head row
+// A scope is in exactly one of three places: the ready set (its head row
 // may be claimable now), the parked heap (its head is leased or scheduled
-// until wake), or nowhere (no pending rows). The ready heap is a hint: the
+// until wake), or nowhere (no pending rows). The ready set is a hint: the
 // claim re-checks every row it visits, so a scope whose head became blocked
 // without being re-parked (a renewed lease, a clock that went backwards)
 // only costs one visit.
@@ -86,8 +86,8 @@ type scope struct {
 	head     int
 	key      scopeKey
 	solo     bool
-	readyIdx int // index in the ready heap, -1 when absent
-	inFifo   bool
+	readyIdx int    // index in the ready set's heap, -1 when absent
+	inFifo   bool   // in the ready set's FIFO
 	fifoGen  uint64 // tells the scope's current fifo item from stale ones
 	fifoSeq  int64
 	parked   bool
