@@ -187,7 +187,13 @@ func demo(ctx context.Context, c demoConfig, be demoBackend, out io.Writer) erro
 			break
 		}
 		if c.kill && victim < 0 && done >= c.items*3/10 {
-			victim = c.instances - 1
+			// Kill the busiest instance, so its work has to move.
+			victim = 0
+			for i, p := range pumps {
+				if p.Stats().InFlight > pumps[victim].Stats().InFlight {
+					victim = i
+				}
+			}
 			killed[victim].Store(true)
 			t.mu.Lock()
 			t.killedAt = time.Now()
