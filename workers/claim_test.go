@@ -437,8 +437,8 @@ func TestClaimReconnectCatchUpCountsRealTransitions(t *testing.T) {
 		sub.send(driver.SignalGateAvailable)
 		sub.send(driver.SignalGateAvailable)
 		time.Sleep(sec(2))
-		if len(r.reconnects) != 0 || r.w.Stats().ReconnectCatchUps != 0 {
-			t.Fatalf("reconnects %v without an outage", r.reconnects)
+		if r.w.Stats().ReconnectCatchUps != 0 {
+			t.Fatalf("reconnect catch-up without an outage: %+v", r.w.Stats())
 		}
 
 		// A real outage of 3.6 s (tight claims at 12, 12.25, ..., 15.5).
@@ -462,8 +462,6 @@ func TestClaimReconnectCatchUpCountsRealTransitions(t *testing.T) {
 		time.Sleep(ms(200))
 		stop(t, r.w)
 
-		r.mu.Lock()
-		defer r.mu.Unlock()
 		eqDurations(t, "reconnect catch-ups (down time)", r.reconnects, []time.Duration{sec(3.6), sec(2)})
 		if st := r.w.Stats(); st.ReconnectCatchUps != 2 || st.LastGateDown != sec(2) {
 			t.Fatalf("stats %+v", st)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -202,8 +203,8 @@ func isArgErr(err error) bool {
 	return errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnknownCategory)
 }
 
-func ms(n float64) time.Duration  { return time.Duration(n * float64(time.Millisecond)) }
-func sec(n float64) time.Duration { return time.Duration(n * float64(time.Second)) }
+func ms(n float64) time.Duration  { return time.Duration(math.Round(n * float64(time.Millisecond))) }
+func sec(n float64) time.Duration { return time.Duration(math.Round(n * float64(time.Second))) }
 
 func eqDurations(t *testing.T, what string, got, want []time.Duration) {
 	t.Helper()
