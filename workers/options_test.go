@@ -1,0 +1,243 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/workpump/workpump/driver"
+)
+
+func TestWithDefaultsEqualsSpec(t *testing.T) {
+	if got, want := (ClaimOptions{}).WithDefaults(), (ClaimOptions{
+		PollInterval:              250 * time.Millisecond,
+		MaxPollInterval:           10 * time.Second,
+		NotifyHealthyPollInterval: 5 * time.Second,
+		MaxStreamsPerBatch:        1000,
+		Lease:                     300 * time.Second,
+	}); got != want {
+		t.Errorf("ClaimOptions defaults\n got  %+v\n want %+v", got, want)
+	}
+	if got, want := (HeartbeatOptions{}).WithDefaults(), (HeartbeatOptions{
+		Interval:       30 * time.Second,
+		SlowInterval:   60 * time.Second,
+		LivenessSource: AdvisoryLockWhenAvailable,
+		StaleAfter:     30 * time.Second,
+		DeadAfter:      5 * time.Minute,
+	}); got != want {
+		t.Errorf("HeartbeatOptions defaults\n got  %+v\n want %+v", got, want)
+	}
+	if got, want := (RenewalOptions{}).WithDefaults(), (RenewalOptions{
+		MaxBatch:           200,
+		CoalesceWindow:     200 * time.Millisecond,
+		ImmediateFlushAt:   100,
+		Capacity:           5000,
+		DrainTimeout:       5 * time.Second,
+		LeaseGrace:         30 * time.Second,
+		MaxRenewalsPerWork: 6,
+	}); got != want {
+		t.Errorf("RenewalOptions defaults\n got  %+v\n want %+v", got, want)
+	}
+	if got, want := (MaintenanceOptions{}).WithDefaults(), (MaintenanceOptions{
+		Interval:   time.Minute,
+		StaleAfter: 30 * time.Second,
+		DeadAfter:  5 * time.Minute,
+	}); got != want {
+		t.Errorf("MaintenanceOptions defaults\n got  %+v\n want %+v", got, want)
+	}
+	// Defaults validate, and set fields are kept.
+	for _, err := range []error{
+		ClaimOptions{}.WithDefaults().Validate(),
+		HeartbeatOptions{}.WithDefaults().Validate(),
+		RenewalOptions{}.WithDefaults().Validate(),
+		RenewalOptions{}.WithDefaults().ValidateLease(DefaultLease),
+		MaintenanceOptions{}.WithDefaults().Validate(),
+	} {
+		if err != nil {
+			t.Errorf("defaults invalid: %v", err)
+		}
+	}
+	if o := (ClaimOptions{PollInterval: time.Second, NotifyHealthyPollInterval: TightPolling, DisableSafetyNetPoll: true}).WithDefaults(); o.PollInterval != time.Second || o.NotifyHealthyPollInterval != TightPolling || !o.DisableSafetyNetPoll {
+		t.Errorf("set fields overwritten: %+v", o)
+	}
+	if o := (HeartbeatOptions{Interval: 90 * time.Second}).WithDefaults(); o.SlowInterval != 90*time.Second || o.Validate() != nil {
+		t.Errorf("a fast interval above 60s keeps SlowInterval >= Interval: %+v", o)
+	}
+}
+
+func TestOptionValidationNamesTheField(t *testing.T) {
+	type validator interface{ Validate() error }
+	cases := []struct {
+		field string
+		opts  validator
+	}{
+		{"PollInterval", ClaimOptions{PollInterval: -time.Second}},
+		{"MaxPollInterval", ClaimOptions{MaxPollInterval: -1}},
+		{"NotifyHealthyPollInterval", ClaimOptions{NotifyHealthyPollInterval: -2 * time.Second}},
+		{"NotifyHealthyPollInterval", ClaimOptions{NotifyHealthyPollInterval: -2}},
+		{"MaxStreamsPerBatch", ClaimOptions{MaxStreamsPerBatch: -5}},
+		{"Lease", ClaimOptions{Lease: -time.Minute}},
+
+		{"Interval", HeartbeatOptions{Interval: -time.Second}},
+		{"SlowInterval", HeartbeatOptions{Interval: time.Minute, SlowInterval: 30 * time.Second}},
+		{"SlowInterval", HeartbeatOptions{SlowInterval: 10 * time.Minute}},
+		{"LivenessSource", HeartbeatOptions{LivenessSource: 7}},
+		{"StaleAfter", HeartbeatOptions{StaleAfter: -time.Second}},
+		{"DeadAfter", HeartbeatOptions{StaleAfter: time.Hour, SlowInterval: 2 * time.Hour}},
+		{"DeadAfter", HeartbeatOptions{DeadAfter: 10 * time.Second}},
+
+		{"MaxBatch", RenewalOptions{MaxBatch: -1}},
+		{"CoalesceWindow", RenewalOptions{CoalesceWindow: -time.Millisecond}},
+		{"ImmediateFlushAt", RenewalOptions{ImmediateFlushAt: -1}},
+		{"Capacity", RenewalOptions{Capacity: 99}},
+		{"Capacity", RenewalOptions{ImmediateFlushAt: 6000}},
+		{"DrainTimeout", RenewalOptions{DrainTimeout: -time.Second}},
+		{"LeaseGrace", RenewalOptions{LeaseGrace: -time.Second}},
+		{"MaxRenewalsPerWork", RenewalOptions{MaxRenewalsPerWork: -1}},
+
+		{"Interval", MaintenanceOptions{Interval: -time.Second}},
+		{"StaleAfter", MaintenanceOptions{StaleAfter: -time.Second}},
+		{"DeadAfter", MaintenanceOptions{DeadAfter: time.Second}},
+		{"PurgeProcessedAfter", MaintenanceOptions{PurgeProcessedAfter: -time.Hour}},
+		{"PurgeDeadLettersAfter", MaintenanceOptions{PurgeDeadLettersAfter: -time.Hour}},
+		{"PurgeStreamsAfter", MaintenanceOptions{PurgeStreamsAfter: -time.Hour}},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%T.%s", tc.opts, tc.field), func(t *testing.T) {
+			var err error
+			switch o := tc.opts.(type) {
+			case ClaimOptions:
+				err = o.WithDefaults().Validate()
+			case HeartbeatOptions:
+				err = o.WithDefaults().Validate()
+			case RenewalOptions:
+				err = o.WithDefaults().Validate()
+			case MaintenanceOptions:
+				err = o.WithDefaults().Validate()
+			}
+			var oe *OptionError
+			if !errors.As(err, &oe) || oe.Field != tc.field {
+				t.Fatalf("Validate() = %v, want an *OptionError for %s", err, tc.field)
+			}
+			if !errors.Is(err, driver.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), tc.field+": ") {
+				t.Fatalf("error %q must start with the field name and wrap ErrInvalidArgument", err)
+			}
+			// The top level prefixes the struct's name.
+			if top := fmt.Errorf("Claim.%w", err); !strings.HasPrefix(top.Error(), "Claim."+tc.field+": ") {
+				t.Fatalf("prefixed: %q", top)
+			}
+		})
+	}
+	// The one accepted negative value.
+	if err := (ClaimOptions{NotifyHealthyPollInterval: TightPolling}).WithDefaults().Validate(); err != nil {
+		t.Fatalf("TightPolling rejected: %v", err)
+	}
+	// Unset fields are invalid when Validate is called without WithDefaults.
+	if err := (ClaimOptions{}).Validate(); err == nil || !strings.HasPrefix(err.Error(), "PollInterval: 0s, want > 0") {
+		t.Fatalf("zero options validated without defaults: %v", err)
+	}
+	var oe *OptionError
+	if err := (RenewalOptions{}).WithDefaults().ValidateLease(20 * time.Second); !errors.As(err, &oe) || oe.Field != "LeaseGrace" {
+		t.Fatalf("ValidateLease: %v", err)
+	}
+}
+
+func TestLifecycleIdempotent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		hb, err := NewHeartbeatWorker(HeartbeatConfig{Coordinator: coord, Instance: testInstance})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claim, err := NewClaimWorker(ClaimConfig{Coordinator: coord, InstanceID: testInstance.ID, Heartbeat: hb.Beat,
+			Sink: func(context.Context, []driver.Work) {}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ren, err := NewLeaseRenewalWorker(RenewalConfig{Coordinator: coord, InstanceID: testInstance.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mnt, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		for _, w := range []interface {
+			Start(context.Context) error
+			Stop(context.Context) error
+		}{hb, claim, ren, mnt} {
+			name := fmt.Sprintf("%T", w)
+			if err := w.Start(ctx); err != nil {
+				t.Fatalf("%s Start: %v", name, err)
+			}
+			if err := w.Start(ctx); err != nil {
+				t.Fatalf("%s second Start: %v", name, err)
+			}
+		}
+		cancel() // Start's context does not bound the workers' lives
+		time.Sleep(time.Minute + time.Second)
+		if len(coord.of("cleanup")) != 1 || len(coord.of("heartbeat")) < 2 || len(coord.of("claim")) < 5 {
+			t.Fatalf("workers stopped with Start's context: %v", coord.kinds())
+		}
+		for _, w := range []interface {
+			Start(context.Context) error
+			Stop(context.Context) error
+		}{claim, ren, hb, mnt} {
+			name := fmt.Sprintf("%T", w)
+			stop(t, w)
+			stop(t, w)
+			if err := w.Start(context.Background()); !errors.Is(err, ErrStopped) {
+				t.Fatalf("%s Start after Stop: %v, want ErrStopped", name, err)
+			}
+		}
+		n := len(coord.kinds())
+		time.Sleep(time.Hour)
+		if len(coord.kinds()) != n {
+			t.Fatal("calls after Stop")
+		}
+	})
+}
+
+func TestStopBeforeStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: &fakeCoord{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop(t, w)
+		if err := w.Start(context.Background()); !errors.Is(err, ErrStopped) {
+			t.Fatalf("Start after Stop: %v", err)
+		}
+	})
+}
+
+func TestStopHonoursContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		coord := &fakeCoord{claim: func(int, driver.ClaimRequest) (driver.ClaimResult, error) {
+			return driver.ClaimResult{Work: work(driver.Outbox, 1)}, nil
+		}}
+		w, err := NewClaimWorker(ClaimConfig{Coordinator: coord, InstanceID: testInstance.ID,
+			Heartbeat: func(context.Context) error { return nil },
+			Sink:      func(context.Context, []driver.Work) { <-release }}) // ignores its context
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := w.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Stop: %v, want DeadlineExceeded", err)
+		}
+		close(release)
+		stop(t, w) // a retried Stop waits for the loop
+	})
+}
