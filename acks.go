@@ -56,6 +56,10 @@ func (p *Pump) flushCompletions(ctx context.Context, refs []driver.Ref) error {
 	}
 	p.stats.completed.Add(uint64(res.Applied))
 	p.noteLost(res.Lost, "completion")
+	// A completion can unblock the next item of its stream, which an
+	// earlier claim had to skip; look for it now rather than after the
+	// claim loop's backoff.
+	p.requestPoll()
 	if h := p.opts.Hooks.Completed; h != nil {
 		lost := refSet(res.Lost)
 		for _, r := range refs {

@@ -22,7 +22,10 @@ import (
 // demoBackend is the store the demo runs on.
 type demoBackend interface {
 	name() string
+	// coordinator is the store's coordinator, for enqueueing.
 	coordinator() driver.Coordinator
+	// instanceCoordinator is the coordinator instance id runs on.
+	instanceCoordinator(id uuid.UUID) driver.Coordinator
 	inspector() driver.Inspector
 	// kill makes instance id die the way a crashed process does: its
 	// listener (and alive-lock) goes, its calls stop reaching the store, no
@@ -126,7 +129,9 @@ func demo(ctx context.Context, c demoConfig, be demoBackend, out io.Writer) erro
 	pumps := make([]*workpump.Pump, c.instances)
 	logger := hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Error, Output: os.Stderr})
 	for i := range pumps {
-		p, err := workpump.New(coord, demoOptions(i, logger))
+		opts := demoOptions(i, logger)
+		opts.ID = uuid.Must(uuid.NewV7())
+		p, err := workpump.New(be.instanceCoordinator(opts.ID), opts)
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,10 @@ func newMemDemoBackend() *memDemoBackend {
 func (b *memDemoBackend) name() string                    { return "the in-memory driver" }
 func (b *memDemoBackend) coordinator() driver.Coordinator { return b.s }
 func (b *memDemoBackend) inspector() driver.Inspector     { return b.s }
-func (b *memDemoBackend) close()                          {}
+func (b *memDemoBackend) instanceCoordinator(uuid.UUID) driver.Coordinator {
+	return b.s // memdriver's Kill severs an instance by id
+}
+func (b *memDemoBackend) close() {}
 func (b *memDemoBackend) kill(_ context.Context, id uuid.UUID) error {
 	b.s.Kill(id)
 	return nil

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/workpump/workpump"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/memdriver"
+)
+
+type benchConfig struct {
+	n, instances, streams, concurrency int
+	mode                               string
+	rate                               int
+	duration                           time.Duration
+	asJSON, reset                      bool
+	databaseURL, schema                string
+}
+
+// benchResult is the --json line.
+type benchResult struct {
+	Mode               string  `json:"mode"`
+	Store              string  `json:"store"`
+	Items              int     `json:"items"`
+	Instances          int     `json:"instances"`
+	Seconds            float64 `json:"seconds"`
+	ItemsPerSec        float64 `json:"items_per_sec"`
+	EnqueueItemsPerSec float64 `json:"enqueue_items_per_sec,omitempty"`
+	P50Ms              float64 `json:"p50_ms"`
+	P99Ms              float64 `json:"p99_ms"`
+	MaxMs              float64 `json:"max_ms,omitempty"`
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous] [--json]", stderr)
+	var c benchConfig
+	fs.IntVar(&c.n, "n", 200000, "burndown: items to drain")
+	fs.IntVar(&c.instances, "instances", 1, "pump instances (in this process)")
+	fs.IntVar(&c.streams, "streams", 10000, "streams the items are spread over")
+	fs.IntVar(&c.concurrency, "concurrency", 16, "handler goroutines per instance")
+	fs.StringVar(&c.mode, "mode", "burndown", "burndown (drain N items) or continuous (enqueue at --rate, measure pickup latency)")
+	fs.IntVar(&c.rate, "rate", 1000, "continuous: items per second, one per transaction")
+	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue")
+	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
+	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
+	db := databaseURLFlag(fs)
+	fs.StringVar(&c.schema, "schema", "", "Postgres schema (default: a new workpump_bench_<random> schema, dropped at the end)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	c.databaseURL = *db
+	switch {
+	case c.mode != "burndown" && c.mode != "continuous":
+		return usagef("--mode: %q, want burndown or continuous", c.mode)
+	case c.n <= 0:
+		return usagef("-n must be > 0")
+	case c.instances <= 0:
+		return usagef("--instances must be > 0")
+	case c.streams <= 0:
+		return usagef("--streams must be > 0")
+	case c.concurrency <= 0:
+		return usagef("--concurrency must be > 0")
+	case c.rate <= 0:
+		return usagef("--rate must be > 0")
+	case c.duration <= 0:
+		return usagef("--duration must be > 0")
+	}
+	var be benchBackend
+	if c.databaseURL != "" {
+		var err error
+		if be, err = newPostgresBenchBackend(ctx, c, stdout); err != nil {
+			return err
+		}
+	} else {
+		be = memBenchBackend{s: memdriver.New(memdriver.Options{})}
+	}
+	defer be.close()
+	var res benchResult
+	var err error
+	if c.mode == "burndown" {
+		res, err = burndown(ctx, c, be, stdout)
+	} else {
+		res, err = continuous(ctx, c, be, stdout)
+	}
+	if err != nil {
+		return err
+	}
+	res.Mode, res.Store, res.Instances = c.mode, be.name(), c.instances
+	if c.asJSON {
+		return json.NewEncoder(stdout).Encode(res)
+	}
+	return nil
+}
+
+// benchBackend is the store a bench runs on.
+type benchBackend interface {
+	name() string
+	coordinator() driver.Coordinator
+	// enqueueOne stores one item in a transaction of its own.
+	enqueueOne(ctx context.Context, w driver.NewWork) (uuid.UUID, error)
+	close()
+}
+
+type memBenchBackend struct{ s *memdriver.Store }
+
+func (b memBenchBackend) name() string                    { return "memdriver" }
+func (b memBenchBackend) coordinator() driver.Coordinator { return b.s }
+func (b memBenchBackend) close()                          {}
+func (b memBenchBackend) enqueueOne(ctx context.Context, w driver.NewWork) (uuid.UUID, error) {
+	ids, err := b.s.Enqueue(ctx, []driver.NewWork{w})
+	if err != nil {
+		return uuid.Nil, err
+	}
+	return ids[0], nil
+}
+
+func benchOptions(c benchConfig) workpump.Options {
+	return workpump.Options{
+		ServiceName: "bench",
+		Concurrency: c.concurrency,
+		MaxInFlight: 4000,
+		Logger:      hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Error}),
+	}
+}
+
+// startPumps starts c.instances pumps with handler h on every category.
+func startPumps(ctx context.Context, c benchConfig, be benchBackend, h workpump.Handler, completed *atomic.Int64) ([]*workpump.Pump, func(), error) {
+	var pumps []*workpump.Pump
+	stopAll := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		for _, p := range pumps {
+			_ = p.Stop(sctx)
+		}
+	}
+	for range c.instances {
+		opts := benchOptions(c)
+		opts.Hooks.Completed = func(driver.Ref) { completed.Add(1) }
+		p, err := workpump.New(be.coordinator(), opts)
+		if err != nil {
+			stopAll()
+			return nil, nil, err
+		}
+		for _, cat := range driver.Categories {
+			_ = p.Handle(cat, "", h)
+		}
+		if err := p.Start(ctx); err != nil {
+			stopAll()
+			return nil, nil, err
+		}
+		pumps = append(pumps, p)
+	}
+	return pumps, stopAll, nil
+}
+
+func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer) (benchResult, error) {
+	fmt.Fprintf(out, "burndown on %s: %d outbox items over %d streams, %d instance(s)\n", be.name(), c.n, c.streams, c.instances)
+	const chunk = 5000
+	batch := make([]driver.NewWork, 0, chunk)
+	payload := make([]byte, 64)
+	t0 := time.Now()
+	for k := 0; k < c.n; k++ {
+		batch = append(batch, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", k%c.streams), Name: "bench", Payload: payload})
+		if len(batch) == chunk || k == c.n-1 {
+			if _, err := be.coordinator().Enqueue(ctx, batch); err != nil {
+				return benchResult{}, fmt.Errorf("enqueue: %w", err)
+			}
+			batch = batch[:0]
+		}
+	}
+	enq := time.Since(t0)
+	fmt.Fprintf(out, "enqueued %d items in %.2fs (%.0f items/s, batches of %d)\n", c.n, enq.Seconds(), float64(c.n)/enq.Seconds(), chunk)
+
+	var completed atomic.Int64
+	start := time.Now()
+	_, stopAll, err := startPumps(ctx, c, be, func(context.Context, workpump.Work) error { return nil }, &completed)
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer stopAll()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for completed.Load() < int64(c.n) {
+		select {
+		case <-ctx.Done():
+			return benchResult{}, fmt.Errorf("interrupted with %d of %d done", completed.Load(), c.n)
+		case <-tick.C:
+			fmt.Fprintf(out, "%6.1fs  %d/%d done\n", time.Since(start).Seconds(), completed.Load(), c.n)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	took := time.Since(start)
+	fmt.Fprintf(out, "drained %d items in %.2fs: %.0f items/s (claim, no-op handler, completion)\n", c.n, took.Seconds(), float64(c.n)/took.Seconds())
+	return benchResult{Items: c.n, Seconds: took.Seconds(), ItemsPerSec: float64(c.n) / took.Seconds(), EnqueueItemsPerSec: float64(c.n) / enq.Seconds()}, nil
+}
+
+func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writer) (benchResult, error) {
+	total := int(float64(c.rate) * c.duration.Seconds())
+	fmt.Fprintf(out, "continuous on %s: %d items/s for %v (%d items), one per transaction, %d instance(s)\n", be.name(), c.rate, c.duration, total, c.instances)
+	var committed sync.Map // id -> commit time
+	var mu sync.Mutex
+	started := make(map[uuid.UUID]time.Time, total)
+	var completed atomic.Int64
+	h := func(_ context.Context, w workpump.Work) error {
+		now := time.Now()
+		mu.Lock()
+		if _, dup := started[w.ID]; !dup {
+			started[w.ID] = now
+		}
+		mu.Unlock()
+		return nil
+	}
+	_, stopAll, err := startPumps(ctx, c, be, h, &completed)
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer stopAll()
+	// Let the instances register and go idle, as in production.
+	time.Sleep(500 * time.Millisecond)
+	interval := time.Second / time.Duration(c.rate)
+	next := time.Now()
+	begin := next
+	for k := 0; k < total; k++ {
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		}
+		next = next.Add(interval)
+		id, err := be.enqueueOne(ctx, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", k%c.streams), Name: "bench"})
+		if err != nil {
+			return benchResult{}, fmt.Errorf("enqueue: %w", err)
+		}
+		committed.Store(id, time.Now())
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for completed.Load() < int64(total) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(begin)
+	var lat []float64
+	committed.Range(func(k, v any) bool {
+		mu.Lock()
+		s, ok := started[k.(uuid.UUID)]
+		mu.Unlock()
+		if ok {
+			lat = append(lat, math.Max(0, float64(s.Sub(v.(time.Time)))/float64(time.Millisecond)))
+		}
+		return true
+	})
+	if len(lat) < total {
+		return benchResult{}, fmt.Errorf("only %d of %d items were picked up within 30 s after the last enqueue", len(lat), total)
+	}
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	res := benchResult{Items: total, Seconds: took.Seconds(), ItemsPerSec: float64(total) / took.Seconds(), P50Ms: pct(0.50), P99Ms: pct(0.99), MaxMs: lat[len(lat)-1]}
+	fmt.Fprintf(out, "pickup latency (enqueue commit -> handler start): p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n", res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
+	return res, nil
+}

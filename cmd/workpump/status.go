@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/pgxdriver"
+	"github.com/workpump/workpump/migrations"
+)
+
+// statusReport is the --json shape of `workpump status`.
+type statusReport struct {
+	Schema      string                   `json:"schema"`
+	Now         time.Time                `json:"now"`
+	Instances   []statusInstance         `json:"instances"`
+	Backlog     map[string]statusBacklog `json:"backlog"`
+	DeadLetters int                      `json:"dead_letters"`
+}
+
+type statusInstance struct {
+	ID                  string         `json:"id"`
+	Service             string         `json:"service"`
+	Host                string         `json:"host"`
+	PID                 int            `json:"pid"`
+	LastHeartbeatAgeSec float64        `json:"last_heartbeat_age_seconds"`
+	AliveLockHeld       bool           `json:"alive_lock_held"`
+	Leases              map[string]int `json:"leases"`
+}
+
+type statusBacklog struct {
+	Ready     int `json:"ready"`
+	Scheduled int `json:"scheduled"`
+	Leased    int `json:"leased"`
+	Orphaned  int `json:"orphaned"`
+	Processed int `json:"processed"`
+}
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("status", "status --database-url URL [--schema S] [--json]", stderr)
+	db := databaseURLFlag(fs)
+	schema := fs.String("schema", migrations.DefaultSchema, "schema holding the workpump tables")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := checkSchemaFlag(*schema); err != nil {
+		return err
+	}
+	pool, err := openPool(ctx, *db, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *schema, DisableListener: true})
+	if err != nil {
+		return err
+	}
+	if err := coord.CheckSchema(ctx); err != nil {
+		return err
+	}
+	st, err := coord.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	rep := buildStatus(*schema, st)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		return enc.Encode(rep)
+	}
+	printStatus(stdout, rep)
+	return nil
+}
+
+func buildStatus(schema string, st driver.Stats) statusReport {
+	rep := statusReport{Schema: schema, Now: st.Now, Backlog: map[string]statusBacklog{}, DeadLetters: st.DeadLetters, Instances: []statusInstance{}}
+	for _, in := range st.Instances {
+		leases := map[string]int{}
+		for c, n := range st.LeasesByInstance[in.ID] {
+			leases[string(c)] = n
+		}
+		rep.Instances = append(rep.Instances, statusInstance{
+			ID: in.ID.String(), Service: in.ServiceName, Host: in.Host, PID: in.PID,
+			LastHeartbeatAgeSec: st.Now.Sub(in.LastHeartbeatAt).Seconds(),
+			AliveLockHeld:       in.AliveLockHeld, Leases: leases,
+		})
+	}
+	for _, c := range driver.Categories {
+		cs := st.Categories[c]
+		rep.Backlog[string(c)] = statusBacklog{Ready: cs.Ready, Scheduled: cs.Scheduled, Leased: cs.Leased, Orphaned: cs.Orphaned, Processed: cs.Processed}
+	}
+	return rep
+}
+
+func printStatus(w io.Writer, rep statusReport) {
+	fmt.Fprintf(w, "schema %s at %s\n\n", rep.Schema, rep.Now.Format(time.RFC3339))
+	fmt.Fprintf(w, "instances (%d live)\n", len(rep.Instances))
+	if len(rep.Instances) == 0 {
+		fmt.Fprintln(w, "  none")
+	}
+	for _, in := range rep.Instances {
+		lock := "no"
+		if in.AliveLockHeld {
+			lock = "held"
+		}
+		cats := make([]string, 0, len(in.Leases))
+		for c := range in.Leases {
+			cats = append(cats, c)
+		}
+		sort.Strings(cats)
+		leases := ""
+		for _, c := range cats {
+			leases += fmt.Sprintf(" %s=%d", c, in.Leases[c])
+		}
+		if leases == "" {
+			leases = " none"
+		}
+		fmt.Fprintf(w, "  %s  %-16s %s pid %d  heartbeat %.1fs ago  alive-lock %s  leases:%s\n",
+			in.ID, in.Service, in.Host, in.PID, in.LastHeartbeatAgeSec, lock, leases)
+	}
+	fmt.Fprintf(w, "\nbacklog            ready  scheduled  leased  orphaned  processed\n")
+	for _, c := range driver.Categories {
+		b := rep.Backlog[string(c)]
+		fmt.Fprintf(w, "  %-17s %6d %10d %7d %9d %10d\n", c, b.Ready, b.Scheduled, b.Leased, b.Orphaned, b.Processed)
+	}
+	fmt.Fprintf(w, "\ndead letters: %d\n", rep.DeadLetters)
+}
