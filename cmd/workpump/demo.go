@@ -191,14 +191,9 @@ func demo(ctx context.Context, c demoConfig, be demoBackend, out io.Writer) erro
 		if done >= c.items {
 			break
 		}
-		if c.kill && victim < 0 && done >= c.items*3/10 {
+		if c.kill && victim < 0 && done >= c.items*3/10 && busiest(pumps) >= 0 {
 			// Kill the busiest instance, so its work has to move.
-			victim = 0
-			for i, p := range pumps {
-				if p.Stats().InFlight > pumps[victim].Stats().InFlight {
-					victim = i
-				}
-			}
+			victim = busiest(pumps)
 			killed[victim].Store(true)
 			t.mu.Lock()
 			t.killedAt = time.Now()
@@ -378,6 +373,18 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// busiest returns the instance with the most items in flight, or -1 when
+// none has any.
+func busiest(pumps []*workpump.Pump) int {
+	best, most := -1, 0
+	for i, p := range pumps {
+		if n := p.Stats().InFlight; n > most {
+			best, most = i, n
+		}
+	}
+	return best
 }
 
 func shortID(id uuid.UUID) string { return id.String()[:8] }
