@@ -70,6 +70,11 @@ type ClaimHooks struct {
 	// available, and how long the gate was down; a claim follows at once,
 	// since signals sent meanwhile were lost.
 	OnReconnectCatchUp func(down time.Duration)
+	// OnGateChange reports each real transition of the signal gate, as the
+	// worker observes it (signals, or Available when signals were dropped).
+	// The alive-lock lives on the listener connection, so a Pump passes
+	// unavailable on to HeartbeatWorker.Recheck.
+	OnGateChange func(available bool)
 }
 
 // PollEvent describes one ClaimWork call.
@@ -281,9 +286,15 @@ func (w *ClaimWorker) noteGate(up bool) {
 	case !up:
 		w.gateUp, w.downSince = false, now
 		w.logger.Warn("signal gate unavailable; polling at the tight base", "interval", w.opts.PollInterval)
+		if w.hooks.OnGateChange != nil {
+			w.hooks.OnGateChange(false)
+		}
 		return
 	}
 	w.gateUp, w.reconnected = true, true
+	if w.hooks.OnGateChange != nil {
+		w.hooks.OnGateChange(true)
+	}
 	down := now.Sub(w.downSince)
 	w.reconnects.Add(1)
 	w.lastDown.Store(int64(down))

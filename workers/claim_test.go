@@ -27,8 +27,9 @@ type claimRig struct {
 	batches [][]driver.Work
 	starts  []time.Time // ClaimStartedAt of each batch
 
-	startups   atomic.Int64
-	reconnects []time.Duration
+	startups    atomic.Int64
+	reconnects  []time.Duration
+	gateChanges []bool
 }
 
 // newClaimRig builds a claim worker over coord (a fresh fakeCoord when nil)
@@ -66,6 +67,11 @@ func newClaimRig(t *testing.T, coord ClaimCoordinator, opts ClaimOptions, sub *f
 				r.mu.Lock()
 				defer r.mu.Unlock()
 				r.reconnects = append(r.reconnects, down)
+			},
+			OnGateChange: func(up bool) {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				r.gateChanges = append(r.gateChanges, up)
 			},
 		},
 	}
@@ -465,6 +471,9 @@ func TestClaimReconnectCatchUpCountsRealTransitions(t *testing.T) {
 		eqDurations(t, "reconnect catch-ups (down time)", r.reconnects, []time.Duration{sec(3.6), sec(2)})
 		if st := r.w.Stats(); st.ReconnectCatchUps != 2 || st.LastGateDown != sec(2) {
 			t.Fatalf("stats %+v", st)
+		}
+		if !slices.Equal(r.gateChanges, []bool{false, true, false, true}) {
+			t.Fatalf("gate changes %v", r.gateChanges)
 		}
 	})
 }

@@ -63,9 +63,9 @@ type HeartbeatStats struct {
 // alive-lock is held, when the lock proves liveness and SlowInterval
 // suffices. The lock state is checked every Interval since the last beat, so
 // losing the lock brings the next beat forward to the next such check
-// instead of leaving the instance without proof of life until SlowInterval.
-// After a failed beat the next one comes one Interval later. Errors are
-// logged and the loop goes on.
+// instead of leaving the instance without proof of life until SlowInterval;
+// Recheck brings that check forward. After a failed beat the next one comes
+// one Interval later. Errors are logged and the loop goes on.
 type HeartbeatWorker struct {
 	coord  HeartbeatCoordinator
 	req    driver.HeartbeatRequest
@@ -74,6 +74,8 @@ type HeartbeatWorker struct {
 	logger hclog.Logger
 	hooks  HeartbeatHooks
 	life   lifecycle
+
+	recheck chan struct{}
 
 	mu       sync.Mutex // serialises beats
 	last     time.Time  // start of the last beat, local clock
@@ -97,13 +99,14 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 		return nil, fmt.Errorf("workers: heartbeat worker: %w", err)
 	}
 	return &HeartbeatWorker{
-		coord:  cfg.Coordinator,
-		req:    driver.HeartbeatRequest{Instance: cfg.Instance, StaleAfter: opts.StaleAfter, DeadAfter: opts.DeadAfter},
-		opts:   opts,
-		lock:   cfg.Lock,
-		logger: namedLogger(cfg.Logger, "heartbeat"),
-		hooks:  cfg.Hooks,
-		life:   lifecycle{name: "workers: heartbeat worker"},
+		coord:   cfg.Coordinator,
+		req:     driver.HeartbeatRequest{Instance: cfg.Instance, StaleAfter: opts.StaleAfter, DeadAfter: opts.DeadAfter},
+		opts:    opts,
+		lock:    cfg.Lock,
+		logger:  namedLogger(cfg.Logger, "heartbeat"),
+		hooks:   cfg.Hooks,
+		life:    lifecycle{name: "workers: heartbeat worker"},
+		recheck: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -149,6 +152,18 @@ func (w *HeartbeatWorker) Beat(ctx context.Context) error {
 	return err
 }
 
+// Recheck makes the loop re-evaluate the lock state now rather than at its
+// next check. Call it when the alive-lock may have been lost (the signal
+// gate went unavailable, see ClaimHooks.OnGateChange): an instance whose
+// last beat is older than Interval then beats at once instead of staying
+// stale, without the lock, until its next check. It never blocks.
+func (w *HeartbeatWorker) Recheck() {
+	select {
+	case w.recheck <- struct{}{}:
+	default:
+	}
+}
+
 // Stats returns the worker's counters.
 func (w *HeartbeatWorker) Stats() HeartbeatStats {
 	return HeartbeatStats{Beats: w.beats.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load()}
@@ -187,8 +202,14 @@ func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 func (w *HeartbeatWorker) run(ctx context.Context) {
 	for {
 		if d := w.untilDue(time.Now()); d > 0 {
-			if !sleepCtx(ctx, d) {
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
 				return
+			case <-t.C:
+			case <-w.recheck:
+				t.Stop()
 			}
 			continue
 		}

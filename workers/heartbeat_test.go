@@ -198,3 +198,26 @@ func TestHeartbeatConstructorRejects(t *testing.T) {
 		t.Fatalf("bad interval: %v", err)
 	}
 }
+
+func TestHeartbeatRecheckOnLockLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		lock := newFakeSub(true)
+		lock.lock.Store(true)
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(100))
+		// Lost 40 s after the last beat (60 s): without a recheck the next
+		// beat would come at the 120 s check, 30 s stale without a lock.
+		lock.lock.Store(false)
+		w.Recheck()
+		time.Sleep(sec(5))
+		w.Recheck() // 5 s after a beat: nothing due
+		time.Sleep(sec(30))
+		stop(t, w)
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(60), sec(100), sec(130)})
+	})
+}
