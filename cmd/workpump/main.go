@@ -94,8 +94,10 @@ func topUsage(w io.Writer) {
 func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	// Usage writes to the flag set's output, which parseFlags silences
+	// while parsing: a bad flag gets one line, --help the whole text.
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: workpump %s\n\nflags:\n", synopsis)
+		fmt.Fprintf(fs.Output(), "usage: workpump %s\n\nflags:\n", synopsis)
 		fs.PrintDefaults()
 	}
 	return fs

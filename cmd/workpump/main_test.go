@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/workpump/workpump/internal/pgtest"
+)
+
+// cliBinary is the workpump command built once for these tests: they run it as
+// a user would, and check exit status, stdout and stderr.
+var cliBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "workpump-cli")
+	if err != nil {
+		panic(err)
+	}
+	cliBinary = filepath.Join(dir, "workpump")
+	out, err := exec.Command("go", "build", "-o", cliBinary, ".").CombinedOutput()
+	if err != nil {
+		os.Stderr.Write(out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runCLI(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(cliBinary, args...)
+	cmd.Env = append(os.Environ(), "WORKPUMP_DATABASE_URL=")
+	cmd.Env = append(cmd.Env, env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func TestCLI_UsageErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{nil, "usage: workpump <command>"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"demo", "--items", "0"}, "--items must be > 0"},
+		{[]string{"demo", "--items", "many"}, `invalid value "many" for flag -items`},
+		{[]string{"demo", "--instances", "1"}, "--kill needs at least 2 instances"},
+		{[]string{"demo", "extra"}, `unexpected argument "extra"`},
+		{[]string{"migrate"}, "missing action: up, down or status"},
+		{[]string{"migrate", "sideways", "--database-url", "postgres://x"}, `unknown action "sideways"`},
+		{[]string{"migrate", "up"}, "--database-url is required"},
+		{[]string{"migrate", "up", "--database-url", "postgres://x", "--schema", "a;drop table x"}, "--schema:"},
+		{[]string{"migrate", "up", "--database-url", "postgres://x", "--schema", strings.Repeat("s", 64)}, "--schema:"},
+		{[]string{"status"}, "--database-url is required"},
+		{[]string{"status", "--database-url", "postgres://x", "--schema", `x"y`}, "--schema:"},
+		{[]string{"bench", "--mode", "sprint"}, `--mode: "sprint", want burndown or continuous`},
+		{[]string{"bench", "-n", "-5"}, "-n must be > 0"},
+		{[]string{"bench", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			r := runCLI(t, nil, c.args...)
+			if r.code != 2 {
+				t.Fatalf("exit = %d, want 2; stderr: %s", r.code, r.stderr)
+			}
+			if !strings.Contains(r.stderr, c.want) {
+				t.Fatalf("stderr = %q, want it to contain %q", r.stderr, c.want)
+			}
+			if c.args != nil && strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+				t.Fatalf("stderr has more than one line: %q", r.stderr)
+			}
+			if strings.Contains(r.stderr, "goroutine ") {
+				t.Fatalf("stack trace on a usage error: %s", r.stderr)
+			}
+		})
+	}
+}
+
+func TestCLI_HelpOnEveryCommand(t *testing.T) {
+	for _, cmd := range []string{"demo", "migrate", "status", "bench"} {
+		r := runCLI(t, nil, cmd, "--help")
+		if r.code != 0 || !strings.Contains(r.stderr, "usage: workpump "+cmd) || !strings.Contains(r.stderr, "-database-url") {
+			t.Errorf("%s --help: exit %d, stderr %q", cmd, r.code, r.stderr)
+		}
+	}
+	if r := runCLI(t, nil, "--help"); r.code != 0 || !strings.Contains(r.stderr, "bench") {
+		t.Errorf("--help: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestCLI_DemoInMemory(t *testing.T) {
+	r := runCLI(t, nil, "demo", "--items", "2000", "--streams", "50", "--handler-time", "1ms")
+	if r.code != 0 {
+		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"killed instance", "items processed         2000", "lost                    0", "stream order violations 0", "OK: nothing lost"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestCLI_BenchJSONShape(t *testing.T) {
+	r := runCLI(t, nil, "bench", "-n", "5000", "--streams", "100", "--json")
+	if r.code != 0 {
+		t.Fatalf("bench exit %d: %s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
+	}
+	for _, k := range []string{"mode", "items", "instances", "seconds", "items_per_sec", "p50_ms", "p99_ms"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("bench JSON lacks %q: %v", k, got)
+		}
+	}
+	if got["mode"] != "burndown" || got["items"] != float64(5000) || got["items_per_sec"].(float64) <= 0 {
+		t.Errorf("bench JSON = %v", got)
+	}
+}
+
+func TestCLI_PostgresCommands(t *testing.T) {
+	url := pgtest.URL(t)
+	schema := pgtest.SchemaName(t)
+	env := []string{"WORKPUMP_DATABASE_URL=" + url}
+
+	r := runCLI(t, env, "migrate", "status", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "version 0 of") || !strings.Contains(r.stdout, "pending  0001_") {
+		t.Fatalf("migrate status before up: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "status", "--schema", schema)
+	if r.code != 1 || !strings.Contains(r.stderr, "workpump migrate up") {
+		t.Fatalf("status on an unmigrated schema: exit %d, stderr %q; want 1 and migrate advice", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "migrate", "up", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "applied 0001_") {
+		t.Fatalf("migrate up: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "migrate", "up", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "up to date") {
+		t.Fatalf("second migrate up: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "status", "--schema", schema, "--json")
+	if r.code != 0 {
+		t.Fatalf("status --json: exit %d: %s", r.code, r.stderr)
+	}
+	var st statusReport
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("status --json output %q: %v", r.stdout, err)
+	}
+	if st.Schema != schema || len(st.Backlog) != 4 || st.Instances == nil {
+		t.Fatalf("status JSON = %+v", st)
+	}
+	r = runCLI(t, env, "status", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "instances (0 live)") || !strings.Contains(r.stdout, "perspective_event") {
+		t.Fatalf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "bench", "--schema", schema, "-n", "3000", "--streams", "100", "--json")
+	if r.code != 0 {
+		t.Fatalf("bench on Postgres: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "migrate", "down", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 0001_") {
+		t.Fatalf("migrate down: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestCLI_DemoOnPostgres(t *testing.T) {
+	url := pgtest.URL(t)
+	r := runCLI(t, []string{"WORKPUMP_DATABASE_URL=" + url}, "demo", "--items", "2000", "--streams", "50", "--handler-time", "1ms")
+	if r.code != 0 || !strings.Contains(r.stdout, "OK: nothing lost") || !strings.Contains(r.stdout, "killed instance") {
+		t.Fatalf("demo on Postgres: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
