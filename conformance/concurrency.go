@@ -106,7 +106,7 @@ func (l *ledger) complete(inst uuid.UUID, ws []driver.Work) {
 	for _, w := range ws {
 		delete(l.handed, w.ID)
 		l.done[w.ID] = true
-		if w.StreamID != "" {
+		if w.StreamID != "" && l.inFlight[w.StreamID] != nil {
 			l.inFlight[w.StreamID][inst]--
 			l.completed[scope(w)] = append(l.completed[scope(w)], w.Seq)
 		}
@@ -133,6 +133,9 @@ func worker(e *env, l *ledger, inst uuid.UUID, max int, carry bool, seed uint64,
 			return
 		}
 		l.handOut(inst, res.Work)
+		if l.failed() {
+			return
+		}
 		// Finish what was carried over first: it precedes anything new of
 		// its stream.
 		todo, keep := held, []driver.Work(nil)

@@ -22,6 +22,9 @@ func streamCases() []testCase {
 		{name: "Streams/PerspectiveOrderIsPerStreamAndName", run: streamPerspectivePerName},
 		{name: "Streams/OutboxOrderIgnoresName", run: streamOutboxIgnoresName},
 		{name: "Streams/StreamlessRowsHaveNoOrder", run: streamlessUnordered},
+		{name: "Streams/OwnershipEndsWhenOwnerCompletesLastRow", run: func(e *env) { streamOwnershipEnds(e, "Complete") }},
+		{name: "Streams/OwnershipEndsWhenOwnerFailsLastRow", run: func(e *env) { streamOwnershipEnds(e, "Fail") }},
+		{name: "Streams/OwnershipEndsWhenOwnerReleasesLastRow", run: func(e *env) { streamOwnershipEnds(e, "Release") }},
 		{name: "Streams/RankChangesKeepPerScopeOrder", run: streamSimulation},
 	}
 }
@@ -257,6 +260,39 @@ func streamlessUnordered(e *env) {
 		e.enqueue(r4)
 		e.wantIDs("claim of a streamless row behind leased ones", e.claim(a, c).Work, r4.ID)
 	}
+}
+
+// streamOwnershipEnds: the owner keeps its stream while it holds any leased
+// row of it (in any category), and the stream returns to its rank owner as
+// soon as op settles the owner's last one, long before the stream lease ends.
+func streamOwnershipEnds(e *env, op string) {
+	ids := sortedIDs(2)
+	b, a := ids[0], ids[1]
+	s := e.streamFor("ends", ids, b)
+	e.register(a)
+	o1, i1 := item(driver.Outbox, s), item(driver.Inbox, s)
+	e.enqueue(o1, i1)
+	held := e.claim(a).Work
+	e.register(b)
+	e.wantAck(op+" of the outbox row", e.ackCall(op, a, pick(held, o1.ID)[0].Ref()), 1, nil, nil)
+	e.mustOwn(s, a, held[0].LeaseExpiry, op+" with the inbox row still leased")
+	p1 := item(driver.PerspectiveEvent, s)
+	e.enqueue(p1)
+	e.wantNone("B's claim while A still holds a row of the stream", e.claim(b))
+	pw := e.claim(a, driver.PerspectiveEvent).Work
+	e.wantIDs("A's claim of its stream", pw, p1.ID)
+	e.wantAck(op+" of the inbox row", e.ackCall(op, a, pick(held, i1.ID)[0].Ref()), 1, nil, nil)
+	e.mustOwn(s, a, pw[0].LeaseExpiry, op+" with the perspective row still leased")
+	e.wantAck(op+" of A's last row", e.ackCall(op, a, pw[0].Ref()), 1, nil, nil)
+	e.mustBeUnowned(s, op+" of the owner's last leased row")
+	x1 := item(driver.Receptor, s)
+	e.enqueue(x1)
+	e.wantNone("A's claim after its ownership ended", e.claim(a, driver.Receptor))
+	got := e.claim(b).Work
+	if len(pick(got, x1.ID)) != 1 {
+		e.t.Fatalf("rank owner B's claim = %v, want it to include the new row %s", shortIDs(idsOf(got)), short(x1.ID))
+	}
+	e.mustOwn(s, b, e.now().Add(defaultLease), "B's claim")
 }
 
 // ---- randomized simulation: order and exclusivity under rank changes ----

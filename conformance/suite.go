@@ -682,6 +682,9 @@ func (e *env) snapshotter(rows []driver.Ref, streams []string) func() string {
 			lines = append(lines, renderInstance(is))
 		}
 		for _, r := range rows {
+			if !r.Category.Valid() {
+				continue // a rejected item's bad category; nothing can be stored under it
+			}
 			if ws, ok := e.lookup(r.Category, r.ID); ok {
 				lines = append(lines, renderWork(ws))
 			} else {
