@@ -205,13 +205,14 @@ func (w *ClaimWorker) Start(ctx context.Context) error {
 		_, err := w.life.start(ctx, nil)
 		return err
 	}
+	checked := false
 	if w.opts.FailOnSchemaNotReady && w.schema != nil {
 		if err := w.schema.CheckSchema(ctx); err != nil {
 			return fmt.Errorf("workers: claim worker: store schema not ready, not starting (FailOnSchemaNotReady): %w", err)
 		}
-		w.schema = nil // checked; the loop need not wait
+		checked = true // the loop need not wait
 	}
-	_, err := w.life.start(ctx, w.run)
+	_, err := w.life.start(ctx, func(ctx context.Context) { w.run(ctx, checked) })
 	return err
 }
 
@@ -401,13 +402,13 @@ func (w *ClaimWorker) awaitSchema(ctx context.Context) bool {
 	}
 }
 
-func (w *ClaimWorker) run(ctx context.Context) {
+func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 	if w.sub != nil {
 		w.signals = w.sub.Signals()
 		w.gateUp = w.sub.Available()
 		w.downSince = time.Now()
 	}
-	if !w.awaitSchema(ctx) {
+	if !schemaChecked && !w.awaitSchema(ctx) {
 		return
 	}
 	registered := false

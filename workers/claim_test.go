@@ -256,6 +256,9 @@ func TestClaimNotifyOnlyMode(t *testing.T) {
 		time.Sleep(time.Hour)
 		eqDurations(t, "claims in the first hour", r.claims(), []time.Duration{0}) // the startup catch-up only
 
+		if st := r.w.Stats(); st.Polls != 1 || st.StartupCatchUps != 1 {
+			t.Fatalf("stats %+v", st)
+		}
 		sub.send(driver.SignalWork)
 		synctest.Wait()
 		eqDurations(t, "claims after a work signal", r.claims(), []time.Duration{0, time.Hour})
@@ -376,10 +379,18 @@ func TestClaimHasMoreRepollsAtOnce(t *testing.T) {
 			}
 			return driver.ClaimResult{}, nil
 		}}
-		r := newClaimRig(t, coord, ClaimOptions{MaxStreamsPerBatch: 50}, nil, nil)
+		var events []PollEvent
+		r := newClaimRig(t, coord, ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
+			c.Hooks.OnPoll = func(e PollEvent) { events = append(events, e) }
+		})
 		r.start()
 		time.Sleep(sec(1))
 		stop(t, r.w)
+		if len(events) < 5 || !events[0].HasMore || events[0].Wait != 0 || events[0].Items != 50 ||
+			events[2].Items != 7 || events[2].Wait != ms(250) || events[2].EmptyPolls != 0 ||
+			events[4].EmptyPolls != 2 || events[4].Wait != ms(500) || events[4].UntilSignal {
+			t.Fatalf("poll events %+v", events)
+		}
 		// 3 claims at once (HasMore twice), then the base after work, then 500 ms.
 		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, 0, 0, ms(250), ms(500)})
 		if len(r.batches) != 3 || len(r.batches[0]) != 50 || len(r.batches[2]) != 7 {
