@@ -1,0 +1,149 @@
+package pgxdriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/workpump/workpump/conformance"
+	"github.com/workpump/workpump/internal/pgtest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.CloseShared()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// harness makes one fresh schema and Coordinator per conformance case.
+// simple selects a simple-protocol pool (the PgBouncer mode), where the
+// listener is off and so are the capabilities that need it.
+type harness struct{ simple bool }
+
+func (h harness) Capabilities() conformance.Capabilities {
+	if h.simple {
+		return conformance.Capabilities{}
+	}
+	return conformance.Capabilities{Signals: true, AliveLock: true, Faults: true}
+}
+
+func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
+	c := newTestCoordinator(t, h.simple, cfg.Now, cfg.PartitionCount)
+	st := conformance.Store{Coordinator: c}
+	if !h.simple {
+		st.Faults = &faults{t: t, c: c}
+	}
+	return st
+}
+
+func (h harness) MakeBenchmarkStore(b *testing.B, cfg conformance.StoreConfig) conformance.Store {
+	return conformance.Store{Coordinator: newTestCoordinator(b, h.simple, cfg.Now, cfg.PartitionCount)}
+}
+
+// newTestCoordinator returns a Coordinator over a fresh migrated schema,
+// with listener timings short enough for tests.
+func newTestCoordinator(t testing.TB, simple bool, now func() time.Time, partitions int) *Coordinator {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	if simple {
+		pool = pgtest.SimplePool(t)
+	}
+	c, err := New(pool, Options{
+		Schema:               schema,
+		PartitionCount:       partitions,
+		Now:                  now,
+		ListenerReconnectMin: 20 * time.Millisecond,
+		ListenerReconnectMax: 200 * time.Millisecond,
+		ListenerLockRetry:    20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatalf("pgxdriver.New: %v", err)
+	}
+	return c
+}
+
+// faults breaks a store the way production breaks it.
+type faults struct {
+	t *testing.T
+	c *Coordinator
+}
+
+// KillListener terminates the instance's listener backend with
+// pg_terminate_backend and keeps it from reconnecting, as a crashed process.
+func (f *faults) KillListener(id uuid.UUID) error {
+	n, err := f.c.crashListeners(context.Background(), id)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return errors.New("KillListener: the instance has no connected listener")
+	}
+	return nil
+}
+
+// HoldAliveLock takes the instance's alive-lock from a separate session and
+// idles, as a half-open peer's server session would. When the lock is taken
+// already, the session waits for it (a blocking pg_advisory_lock).
+func (f *faults) HoldAliveLock(id uuid.UUID) (func(), error) {
+	return holdAliveLock(f.t, f.c, id)
+}
+
+func holdAliveLock(t testing.TB, c *Coordinator, id uuid.UUID) (func(), error) {
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, err
+	}
+	var held bool
+	if err := conn.QueryRow(ctx, c.sql.tryLock, id).Scan(&held); err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
+	waitCtx, cancelWait := context.WithCancel(ctx)
+	waited := make(chan struct{})
+	if held {
+		close(waited)
+	} else {
+		go func() {
+			defer close(waited)
+			_, _ = conn.Exec(waitCtx, `SELECT pg_advisory_lock(`+`"`+c.opts.Schema+`"`+`.wp_alive_lock_key($1::uuid))`, id)
+		}()
+	}
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			cancelWait()
+			<-waited
+			if !conn.IsClosed() {
+				if _, err := conn.Exec(ctx, c.sql.unlock, id); err != nil {
+					t.Logf("HoldAliveLock release: unlock: %v", err)
+				}
+			}
+			_ = conn.Close(ctx)
+		})
+	}
+	t.Cleanup(release)
+	return release, nil
+}
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, harness{})
+}
+
+func TestConformanceSimpleProtocol(t *testing.T) {
+	conformance.Run(t, harness{simple: true})
+}

@@ -1,0 +1,622 @@
+package pgxdriver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/migrations"
+)
+
+// Coordinator is the Postgres driver.Coordinator over a pgx pool. It is safe
+// for concurrent use.
+type Coordinator struct {
+	pool *pgxpool.Pool
+	opts Options
+	log  hclog.Logger
+	sql  statements
+	// listenCfg is the listener's connection config; nil when the listener
+	// is disabled.
+	listenCfg *pgx.ConnConfig
+
+	mu   sync.Mutex
+	subs map[uuid.UUID][]*subscription
+}
+
+var (
+	_ driver.Coordinator   = (*Coordinator)(nil)
+	_ driver.Inspector     = (*Coordinator)(nil)
+	_ driver.Listener      = (*Coordinator)(nil)
+	_ driver.SchemaChecker = (*Coordinator)(nil)
+	_ driver.Purger        = (*Coordinator)(nil)
+)
+
+// statements holds every SQL text the coordinator runs, rendered once for
+// its schema. Parameters carry explicit casts so the same text works in the
+// extended and the simple protocol.
+type statements struct {
+	enqueue, claim, renew, complete, fail, release            string
+	heartbeat, cleanup, deregister, purge                     string
+	getWork, listInstances, listDead, streamOwner             string
+	stats, statsLeases, deadCount, version, aliveKey, tryLock string
+	unlock                                                    string
+}
+
+func newStatements(schema string) statements {
+	s := `"` + schema + `"`
+	return statements{
+		enqueue:  `SELECT ` + s + `.wp_enqueue($1::text[], $2::uuid[], $3::text[], $4::integer[], $5::text[], $6::text[], $7::bytea[], $8::text[], $9::timestamptz[], $10::timestamptz)`,
+		claim:    `SELECT * FROM ` + s + `.wp_claim_work($1::uuid, $2::text[], $3::bigint, $4::integer, $5::timestamptz)`,
+		renew:    `SELECT * FROM ` + s + `.wp_renew_leases($1::uuid, $2::text, $3::uuid[], $4::bigint, $5::timestamptz)`,
+		complete: `SELECT * FROM ` + s + `.wp_complete($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz)`,
+		fail: `SELECT * FROM ` + s + `.wp_fail($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::text[], $6::bigint[], ` +
+			`$7::integer, $8::bigint, $9::bigint, $10::timestamptz)`,
+		release:    `SELECT * FROM ` + s + `.wp_release($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz)`,
+		heartbeat:  `SELECT * FROM ` + s + `.wp_record_heartbeat($1::uuid, $2::text, $3::text, $4::integer, $5::text, $6::bigint, $7::bigint, $8::timestamptz)`,
+		cleanup:    `SELECT * FROM ` + s + `.wp_cleanup_stale_instances($1::bigint, $2::bigint, $3::timestamptz)`,
+		deregister: `SELECT ` + s + `.wp_deregister($1::uuid, $2::timestamptz)`,
+		purge:      `SELECT * FROM ` + s + `.wp_purge($1::bigint, $2::bigint, $3::bigint, $4::timestamptz)`,
+
+		getWork:       `SELECT * FROM ` + s + `.wp_get_work($1::text, $2::uuid)`,
+		listInstances: `SELECT * FROM ` + s + `.wp_list_instances()`,
+		listDead:      `SELECT * FROM ` + s + `.wp_list_dead_letters($1::integer)`,
+		streamOwner:   `SELECT * FROM ` + s + `.wp_get_stream_owner($1::text)`,
+		stats:         `SELECT * FROM ` + s + `.wp_stats($1::timestamptz)`,
+		statsLeases:   `SELECT * FROM ` + s + `.wp_stats_leases($1::timestamptz)`,
+		deadCount:     `SELECT count(*) FROM ` + s + `.wp_dead_letters`,
+		version:       `SELECT max(version) FROM ` + s + `.` + migrations.VersionTable,
+		aliveKey:      `SELECT ` + s + `.wp_alive_lock_key($1::uuid)`,
+		tryLock:       `SELECT pg_try_advisory_lock(` + s + `.wp_alive_lock_key($1::uuid))`,
+		unlock:        `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key($1::uuid))`,
+	}
+}
+
+// New returns a Coordinator over pool. It does not touch the database; call
+// CheckSchema (the pump does) to verify the schema is installed.
+func New(pool *pgxpool.Pool, opts Options) (*Coordinator, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool: nil", driver.ErrInvalidArgument)
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Coordinator{
+		pool: pool,
+		opts: o,
+		log:  o.Logger.Named("pgxdriver"),
+		sql:  newStatements(o.Schema),
+		subs: make(map[uuid.UUID][]*subscription),
+	}
+	switch {
+	case o.DisableListener:
+	case o.ListenerConnString != "":
+		cfg, err := pgx.ParseConfig(o.ListenerConnString)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Options.ListenerConnString: %v", driver.ErrInvalidArgument, err)
+		}
+		c.listenCfg = cfg
+	case pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol:
+		c.log.Info("pool uses the simple protocol (e.g. behind PgBouncer) and Options.ListenerConnString is empty: listener disabled, instances poll and rely on heartbeats alone")
+	default:
+		c.listenCfg = pool.Config().ConnConfig.Copy()
+	}
+	return c, nil
+}
+
+// Schema returns the schema the coordinator works in.
+func (c *Coordinator) Schema() string { return c.opts.Schema }
+
+// Pool returns the pool the coordinator uses.
+func (c *Coordinator) Pool() *pgxpool.Pool { return c.pool }
+
+// querier is what both the pool and a pgx.Tx offer.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// nowArg is the p_now argument: NULL (the database clock) unless a test
+// clock is set.
+func (c *Coordinator) nowArg() pgtype.Timestamptz {
+	if c.opts.Now == nil {
+		return pgtype.Timestamptz{}
+	}
+	return pgtype.Timestamptz{Time: c.opts.Now().UTC().Truncate(time.Microsecond), Valid: true}
+}
+
+// ---- errors ----
+
+// sqlErr maps a database error to the driver's sentinels: the SQL functions
+// raise custom SQLSTATEs for the contract's errors, and a missing function
+// or table means the schema is not installed.
+func (c *Coordinator) sqlErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "WP001":
+			return fmt.Errorf("pgxdriver: %s: %w: %s (record a heartbeat first)", op, driver.ErrUnknownInstance, pe.Message)
+		case "WP002":
+			return fmt.Errorf("pgxdriver: %s: %w: %s", op, driver.ErrUnknownCategory, pe.Message)
+		case "WP003":
+			return fmt.Errorf("pgxdriver: %s: %w: %s", op, driver.ErrNotRenewable, pe.Message)
+		case "22023":
+			return fmt.Errorf("pgxdriver: %s: %w: %s", op, driver.ErrInvalidArgument, pe.Message)
+		case "42883", "42P01", "3F000":
+			return fmt.Errorf("pgxdriver: %s: %w: schema %q lacks workpump objects (%s); %s",
+				op, driver.ErrSchemaNotReady, c.opts.Schema, pe.Message, migrations.HowToMigrate(c.opts.Schema))
+		}
+	}
+	return fmt.Errorf("pgxdriver: %s: %w", op, err)
+}
+
+// uuidStrings renders ids as text: a []uuid.UUID has no text encoding when
+// pgx does not know the parameter type (simple protocol), text works in both
+// modes and the SQL casts it.
+func uuidStrings(ids []uuid.UUID) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = id.String()
+	}
+	return out
+}
+
+func checkInstanceArg(id uuid.UUID) error {
+	if id == uuid.Nil {
+		return fmt.Errorf("%w: instanceID: nil UUID", driver.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// ---- enqueue ----
+
+// Enqueue stores items in their own transaction and returns their ids in
+// input order (ids of zero-ID items are assigned, UUIDv7). An id already
+// present in its category is skipped but still returned.
+func (c *Coordinator) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUID, error) {
+	return c.enqueue(ctx, c.pool, items)
+}
+
+// EnqueueTx stores items inside the caller's transaction: they become
+// claimable, and their wake-up NOTIFY is delivered, only when tx commits.
+// Until then the items' streams stay key-share locked, so a claim skips
+// those streams and a concurrent enqueue of the same stream waits.
+func (c *Coordinator) EnqueueTx(ctx context.Context, tx pgx.Tx, items []driver.NewWork) ([]uuid.UUID, error) {
+	if tx == nil {
+		return nil, fmt.Errorf("%w: tx: nil", driver.ErrInvalidArgument)
+	}
+	return c.enqueue(ctx, tx, items)
+}
+
+func (c *Coordinator) enqueue(ctx context.Context, q querier, items []driver.NewWork) ([]uuid.UUID, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := driver.ValidateNewWork(items); err != nil {
+		return nil, err
+	}
+	n := len(items)
+	ids := make([]uuid.UUID, n)
+	cats := make([]string, n)
+	streams := make([]string, n)
+	parts := make([]int32, n)
+	names := make([]string, n)
+	types := make([]string, n)
+	payloads := make([][]byte, n)
+	metas := make([]string, n)
+	sched := make([]pgtype.Timestamptz, n)
+	for i, it := range items {
+		id := it.ID
+		if id == uuid.Nil {
+			var err error
+			if id, err = uuid.NewV7(); err != nil {
+				return nil, fmt.Errorf("pgxdriver: assign id to items[%d]: %w", i, err)
+			}
+		}
+		ids[i] = id
+		cats[i] = string(it.Category)
+		streams[i] = it.StreamID
+		parts[i] = int32(driver.PartitionOf(driver.PartitionKey(it.StreamID, id), c.opts.PartitionCount))
+		names[i] = it.Name
+		types[i] = it.MessageType
+		payloads[i] = it.Payload
+		metas[i] = string(it.Metadata)
+		if !it.ScheduledFor.IsZero() {
+			sched[i] = pgtype.Timestamptz{Time: it.ScheduledFor.UTC(), Valid: true}
+		}
+	}
+	var inserted int
+	if err := q.QueryRow(ctx, c.sql.enqueue, cats, uuidStrings(ids), streams, parts, names, types, payloads, metas, sched, c.nowArg()).Scan(&inserted); err != nil {
+		return nil, c.sqlErr("Enqueue", err)
+	}
+	return ids, nil
+}
+
+// ---- claim ----
+
+// ClaimWork leases claimable rows to req.InstanceID (one round trip; see
+// wp_claim_work for the rules). With nothing claimable it writes nothing.
+func (c *Coordinator) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.ClaimResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.ClaimResult{}, err
+	}
+	cats := req.CategoriesOrAll()
+	names := make([]string, len(cats))
+	for i, ct := range cats {
+		names[i] = string(ct)
+	}
+	rows, err := c.pool.Query(ctx, c.sql.claim, req.InstanceID, names, req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg())
+	if err != nil {
+		return driver.ClaimResult{}, c.sqlErr("ClaimWork", err)
+	}
+	defer rows.Close()
+	var (
+		res     driver.ClaimResult
+		cat     string
+		meta    []byte
+		part    int32
+		att     int32
+		sched   pgtype.Timestamptz
+		created pgtype.Timestamptz
+		lease   pgtype.Timestamptz
+	)
+	per := map[driver.Category]int{}
+	for rows.Next() {
+		var w driver.Work
+		if err := rows.Scan(&cat, &w.ID, &w.StreamID, &part, &w.Name, &w.MessageType, &w.Payload, &meta,
+			&att, &w.Seq, &sched, &created, &lease, &w.Orphaned); err != nil {
+			return driver.ClaimResult{}, c.sqlErr("ClaimWork", err)
+		}
+		w.Category = driver.Category(cat)
+		w.Partition = int(part)
+		w.Attempts = int(att)
+		w.Metadata = json.RawMessage(meta)
+		w.ScheduledFor = tsTime(sched)
+		w.CreatedAt = tsTime(created)
+		w.LeaseExpiry = tsTime(lease)
+		res.Work = append(res.Work, w)
+		per[w.Category]++
+	}
+	if err := rows.Err(); err != nil {
+		return driver.ClaimResult{}, c.sqlErr("ClaimWork", err)
+	}
+	for _, n := range per {
+		if n >= req.MaxPerCategory {
+			res.HasMore = true
+		}
+	}
+	return res, nil
+}
+
+func tsTime(t pgtype.Timestamptz) time.Time {
+	if !t.Valid {
+		return time.Time{}
+	}
+	return t.Time.UTC()
+}
+
+// ---- renew ----
+
+// RenewLeases extends the leases of the ids still pending and leased to the
+// caller (owner fencing) and their streams the caller owns; the other ids
+// are reported in Lost (each once, in request order).
+func (c *Coordinator) RenewLeases(ctx context.Context, req driver.RenewRequest) (driver.RenewResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.RenewResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.RenewResult{}, err
+	}
+	rows, err := c.pool.Query(ctx, c.sql.renew, req.InstanceID, string(req.Category), uuidStrings(req.IDs), req.Lease.Nanoseconds(), c.nowArg())
+	if err != nil {
+		return driver.RenewResult{}, c.sqlErr("RenewLeases", err)
+	}
+	renewed, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return driver.RenewResult{}, c.sqlErr("RenewLeases", err)
+	}
+	got := make(map[uuid.UUID]bool, len(renewed))
+	for _, id := range renewed {
+		got[id] = true
+	}
+	res := driver.RenewResult{Renewed: len(renewed)}
+	for _, id := range req.IDs {
+		if !got[id] {
+			got[id] = true // report a repeated lost id once
+			res.Lost = append(res.Lost, id)
+		}
+	}
+	return res, nil
+}
+
+// ---- complete, fail, release ----
+
+type refArgs struct {
+	cats []string
+	ids  []string
+	atts []int32
+}
+
+func newRefArgs(refs []driver.Ref) refArgs {
+	a := refArgs{cats: make([]string, len(refs)), ids: make([]string, len(refs)), atts: make([]int32, len(refs))}
+	for i, r := range refs {
+		a.cats[i], a.ids[i], a.atts[i] = string(r.Category), r.ID.String(), int32(r.Attempts)
+	}
+	return a
+}
+
+type refKey struct {
+	c  driver.Category
+	id uuid.UUID
+}
+
+// ack turns the applied (category, id) rows into an AckResult.
+func ack(refs []driver.Ref, applied map[refKey]bool, dead map[refKey]bool) driver.AckResult {
+	var res driver.AckResult
+	for _, r := range refs {
+		k := refKey{r.Category, r.ID}
+		switch {
+		case dead[k]:
+			res.Applied++
+			res.DeadLettered = append(res.DeadLettered, r)
+		case applied[k]:
+			res.Applied++
+		default:
+			res.Lost = append(res.Lost, r)
+		}
+	}
+	return res
+}
+
+func (c *Coordinator) applied(op string, rows pgx.Rows, withDead bool) (map[refKey]bool, map[refKey]bool, error) {
+	defer rows.Close()
+	applied, dead := map[refKey]bool{}, map[refKey]bool{}
+	var (
+		cat  string
+		id   uuid.UUID
+		died bool
+	)
+	for rows.Next() {
+		var err error
+		if withDead {
+			err = rows.Scan(&cat, &id, &died)
+		} else {
+			err = rows.Scan(&cat, &id)
+		}
+		if err != nil {
+			return nil, nil, c.sqlErr(op, err)
+		}
+		k := refKey{driver.Category(cat), id}
+		if died {
+			dead[k] = true
+		} else {
+			applied[k] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, c.sqlErr(op, err)
+	}
+	return applied, dead, nil
+}
+
+// Complete completes handed-out attempts still leased to instanceID (fenced
+// by Ref): rows are deleted, inbox rows kept as processed.
+func (c *Coordinator) Complete(ctx context.Context, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
+	return c.complete(ctx, c.pool, instanceID, refs)
+}
+
+// CompleteTx completes refs inside the caller's transaction, so the
+// completion commits or rolls back with the handler's own writes. If tx
+// rolls back, the lease simply expires and the work is delivered again.
+func (c *Coordinator) CompleteTx(ctx context.Context, tx pgx.Tx, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
+	if tx == nil {
+		return driver.AckResult{}, fmt.Errorf("%w: tx: nil", driver.ErrInvalidArgument)
+	}
+	return c.complete(ctx, tx, instanceID, refs)
+}
+
+// CompleteDeliveryTx completes the work item of the pump handler whose
+// context is ctx inside tx, and marks the delivery settled so the pump does
+// not complete it again. It fails when ctx carries no driver.Delivery, and
+// with an error wrapping driver.ErrLeaseLost when the item is no longer
+// held at that attempt.
+func (c *Coordinator) CompleteDeliveryTx(ctx context.Context, tx pgx.Tx) error {
+	d := driver.DeliveryFrom(ctx)
+	if d == nil {
+		return fmt.Errorf("%w: ctx carries no driver.Delivery (call CompleteDeliveryTx from a pump handler)", driver.ErrInvalidArgument)
+	}
+	ref := d.Work.Ref()
+	res, err := c.CompleteTx(ctx, tx, d.InstanceID, []driver.Ref{ref})
+	if err != nil {
+		return err
+	}
+	if res.Applied != 1 {
+		return fmt.Errorf("pgxdriver: complete %s: %w", ref, driver.ErrLeaseLost)
+	}
+	d.MarkSettled()
+	return nil
+}
+
+func (c *Coordinator) complete(ctx context.Context, q querier, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := checkInstanceArg(instanceID); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := driver.ValidateRefs(refs); err != nil {
+		return driver.AckResult{}, err
+	}
+	a := newRefArgs(refs)
+	rows, err := q.Query(ctx, c.sql.complete, instanceID, a.cats, a.ids, a.atts, c.nowArg())
+	if err != nil {
+		return driver.AckResult{}, c.sqlErr("Complete", err)
+	}
+	applied, _, err := c.applied("Complete", rows, false)
+	if err != nil {
+		return driver.AckResult{}, err
+	}
+	return ack(refs, applied, nil), nil
+}
+
+// Fail records failures of attempts still leased to the caller: retry after
+// the backoff (or RetryAfter), or dead letter at MaxAttempts.
+func (c *Coordinator) Fail(ctx context.Context, req driver.FailRequest) (driver.AckResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.AckResult{}, err
+	}
+	refs := make([]driver.Ref, len(req.Failures))
+	errs := make([]string, len(req.Failures))
+	after := make([]int64, len(req.Failures))
+	for i, f := range req.Failures {
+		refs[i] = f.Ref
+		errs[i] = driver.SanitizeErrorText(f.Error)
+		after[i] = f.RetryAfter.Nanoseconds()
+	}
+	a := newRefArgs(refs)
+	rows, err := c.pool.Query(ctx, c.sql.fail, req.InstanceID, a.cats, a.ids, a.atts, errs, after,
+		int32(min(req.MaxAttempts, 1<<31-1)), req.RetryBase.Nanoseconds(), req.RetryMax.Nanoseconds(), c.nowArg())
+	if err != nil {
+		return driver.AckResult{}, c.sqlErr("Fail", err)
+	}
+	applied, dead, err := c.applied("Fail", rows, true)
+	if err != nil {
+		return driver.AckResult{}, err
+	}
+	return ack(refs, applied, dead), nil
+}
+
+// Release clears the leases of attempts the caller never ran and gives the
+// attempt back (fenced by Ref).
+func (c *Coordinator) Release(ctx context.Context, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := checkInstanceArg(instanceID); err != nil {
+		return driver.AckResult{}, err
+	}
+	if err := driver.ValidateRefs(refs); err != nil {
+		return driver.AckResult{}, err
+	}
+	a := newRefArgs(refs)
+	rows, err := c.pool.Query(ctx, c.sql.release, instanceID, a.cats, a.ids, a.atts, c.nowArg())
+	if err != nil {
+		return driver.AckResult{}, c.sqlErr("Release", err)
+	}
+	applied, _, err := c.applied("Release", rows, false)
+	if err != nil {
+		return driver.AckResult{}, err
+	}
+	return ack(refs, applied, nil), nil
+}
+
+// ---- instances ----
+
+// RecordHeartbeat upserts the instance row and, when another instance is
+// older than StaleAfter, runs the stale sweep; it returns the evicted ids.
+func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.HeartbeatResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.HeartbeatResult{}, err
+	}
+	in := req.Instance
+	rows, err := c.pool.Query(ctx, c.sql.heartbeat, in.ID, in.ServiceName, in.Host, int32(min(in.PID, 1<<31-1)), string(in.Metadata),
+		req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg())
+	if err != nil {
+		return driver.HeartbeatResult{}, c.sqlErr("RecordHeartbeat", err)
+	}
+	ev, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return driver.HeartbeatResult{}, c.sqlErr("RecordHeartbeat", err)
+	}
+	return driver.HeartbeatResult{Evicted: ev}, nil
+}
+
+// CleanupStale evicts instances older than StaleAfter whose alive-lock is
+// free, and instances older than DeadAfter regardless, releases their work
+// and streams, signals the survivors, and returns the evicted ids in rank
+// order.
+func (c *Coordinator) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	rows, err := c.pool.Query(ctx, c.sql.cleanup, req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg())
+	if err != nil {
+		return nil, c.sqlErr("CleanupStale", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, c.sqlErr("CleanupStale", err)
+	}
+	return ids, nil
+}
+
+// Deregister releases every lease and stream the instance holds, deletes
+// its row and signals the survivors. An unknown instance is not an error.
+func (c *Coordinator) Deregister(ctx context.Context, instanceID uuid.UUID) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkInstanceArg(instanceID); err != nil {
+		return err
+	}
+	var known bool
+	if err := c.pool.QueryRow(ctx, c.sql.deregister, instanceID, c.nowArg()).Scan(&known); err != nil {
+		return c.sqlErr("Deregister", err)
+	}
+	return nil
+}
+
+// Purge removes processed inbox rows, dead letters and released or expired
+// stream rows older than the given ages (a zero age skips that purge).
+func (c *Coordinator) Purge(ctx context.Context, req driver.PurgeRequest) (driver.PurgeResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.PurgeResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return driver.PurgeResult{}, err
+	}
+	var p, d, s int32
+	if err := c.pool.QueryRow(ctx, c.sql.purge, req.ProcessedOlderThan.Nanoseconds(), req.DeadLettersOlderThan.Nanoseconds(),
+		req.StreamsExpiredFor.Nanoseconds(), c.nowArg()).Scan(&p, &d, &s); err != nil {
+		return driver.PurgeResult{}, c.sqlErr("Purge", err)
+	}
+	return driver.PurgeResult{Processed: int(p), DeadLetters: int(d), Streams: int(s)}, nil
+}
+
+// String describes the coordinator for logs.
+func (c *Coordinator) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pgxdriver(schema=%s, partitions=%d, listener=", c.opts.Schema, c.opts.PartitionCount)
+	if c.listenCfg == nil {
+		b.WriteString("off)")
+	} else {
+		b.WriteString("on)")
+	}
+	return b.String()
+}

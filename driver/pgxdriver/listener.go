@@ -1,0 +1,364 @@
+package pgxdriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/migrations"
+)
+
+// listenerAppName is the application_name of listener connections, so an
+// operator can find them in pg_stat_activity.
+const listenerAppName = "workpump-listener"
+
+// Listen starts instanceID's listener: a dedicated connection (not from the
+// pool) that holds the instance's alive-lock and LISTENs on its channel. It
+// returns once the first connection attempt ended; when that failed, the
+// subscription starts unavailable and keeps retrying with backoff. No
+// signal is sent for the initial state; read Available. The subscription
+// ends when ctx is done or Close is called.
+//
+// With the listener disabled (Options.DisableListener, or a simple-protocol
+// pool without Options.ListenerConnString) the subscription is never
+// available and never holds the alive-lock.
+func (c *Coordinator) Listen(ctx context.Context, instanceID uuid.UUID) (driver.Subscription, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := checkInstanceArg(instanceID); err != nil {
+		return nil, err
+	}
+	s := &subscription{
+		c:       c,
+		id:      instanceID,
+		channel: migrations.Channel(c.opts.Schema, instanceID.String()),
+		ch:      make(chan driver.Signal, c.opts.SignalBuffer),
+		done:    make(chan struct{}),
+	}
+	if c.listenCfg == nil {
+		close(s.done)
+		s.stopAfter = context.AfterFunc(ctx, func() { _ = s.Close() })
+		return s, nil
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	c.mu.Lock()
+	c.subs[instanceID] = append(c.subs[instanceID], s)
+	c.mu.Unlock()
+	first := make(chan struct{})
+	go s.run(runCtx, first)
+	s.stopAfter = context.AfterFunc(ctx, func() { _ = s.Close() })
+	select {
+	case <-first:
+	case <-ctx.Done():
+	}
+	return s, nil
+}
+
+// subscription is one Listen call's listener.
+type subscription struct {
+	c       *Coordinator
+	id      uuid.UUID
+	channel string
+	ch      chan driver.Signal
+
+	mu        sync.Mutex
+	available bool
+	lockHeld  bool
+	closed    bool
+	crashed   bool   // fault injection: behave as a dead process, never reconnect
+	pid       uint32 // backend pid of the current connection, 0 when none
+
+	cancel    context.CancelFunc
+	done      chan struct{}
+	stopAfter func() bool
+}
+
+// Signals delivers wake-ups; the channel is closed by Close.
+func (s *subscription) Signals() <-chan driver.Signal { return s.ch }
+
+// Available reports whether the listener connection is up.
+func (s *subscription) Available() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.available
+}
+
+// AliveLockHeld reports whether this subscription's connection holds the
+// instance's alive-lock.
+func (s *subscription) AliveLockHeld() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lockHeld
+}
+
+// Close stops listening, releases the alive-lock (before it returns) and
+// closes the signal channel. Idempotent.
+func (s *subscription) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	if s.stopAfter != nil {
+		s.stopAfter()
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	<-s.done
+	s.c.mu.Lock()
+	list := s.c.subs[s.id]
+	for i, x := range list {
+		if x == s {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(s.c.subs, s.id)
+	} else {
+		s.c.subs[s.id] = list
+	}
+	s.c.mu.Unlock()
+	s.mu.Lock()
+	s.available, s.lockHeld = false, false
+	close(s.ch)
+	s.mu.Unlock()
+	return nil
+}
+
+// push sends sig without blocking; a full buffer drops it (coalescing).
+// Callers hold s.mu.
+func (s *subscription) push(sig driver.Signal) {
+	if s.closed {
+		return
+	}
+	select {
+	case s.ch <- sig:
+	default:
+	}
+}
+
+func (s *subscription) isCrashed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.crashed
+}
+
+// run keeps one listener connection up until ctx ends.
+func (s *subscription) run(ctx context.Context, first chan struct{}) {
+	defer close(s.done)
+	o := s.c.opts
+	backoff := o.ListenerReconnectMin
+	initial := true
+	for {
+		conn, held, err := s.connect(ctx)
+		if err == nil {
+			backoff = o.ListenerReconnectMin
+			s.mu.Lock()
+			s.available, s.lockHeld, s.pid = true, held, conn.PgConn().PID()
+			if !initial {
+				s.push(driver.Signal{Kind: driver.SignalGateAvailable})
+			}
+			s.mu.Unlock()
+			if !held {
+				s.c.log.Warn("alive-lock is held by another session; will retry", "instance", s.id)
+			}
+		} else if ctx.Err() == nil {
+			s.c.log.Warn("listener connection failed", "instance", s.id, "error", err, "retry_in", backoff)
+		}
+		initial = false
+		if first != nil {
+			close(first)
+			first = nil
+		}
+		if err == nil {
+			err = s.serve(ctx, conn)
+			s.teardown(ctx, conn)
+			if ctx.Err() == nil {
+				s.c.log.Warn("listener connection lost", "instance", s.id, "error", err)
+			}
+		}
+		if ctx.Err() != nil || s.isCrashed() {
+			return
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, o.ListenerReconnectMax)
+	}
+}
+
+// connect opens the listener connection, tries the alive-lock and LISTENs.
+func (s *subscription) connect(ctx context.Context) (*pgx.Conn, bool, error) {
+	cfg := s.c.listenCfg.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = listenerAppName
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return nil, false, err
+	}
+	var held bool
+	if err := conn.QueryRow(cctx, s.c.sql.tryLock, s.id).Scan(&held); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, false, fmt.Errorf("take alive-lock: %w", err)
+	}
+	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, false, fmt.Errorf("listen: %w", err)
+	}
+	return conn, held, nil
+}
+
+// serve delivers notifications until the connection fails or ctx ends.
+// While idle it checks the connection every ping interval (a dead peer is
+// otherwise only noticed by TCP keepalive) and, while another session holds
+// the alive-lock, retries taking it.
+func (s *subscription) serve(ctx context.Context, conn *pgx.Conn) error {
+	o := s.c.opts
+	for {
+		wait := o.ListenerPingInterval
+		if !s.AliveLockHeld() {
+			wait = min(wait, o.ListenerLockRetry)
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err == nil {
+			s.deliver(n.Payload)
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		if err := s.check(ctx, conn); err != nil {
+			return err
+		}
+	}
+}
+
+// check pings the connection, retrying the alive-lock when it is not held.
+func (s *subscription) check(ctx context.Context, conn *pgx.Conn) error {
+	cctx, cancel := context.WithTimeout(ctx, max(s.c.opts.ListenerPingInterval, 5*time.Second))
+	defer cancel()
+	if s.AliveLockHeld() {
+		_, err := conn.Exec(cctx, "SELECT 1")
+		return err
+	}
+	var held bool
+	if err := conn.QueryRow(cctx, s.c.sql.tryLock, s.id).Scan(&held); err != nil {
+		return err
+	}
+	if held {
+		s.mu.Lock()
+		s.lockHeld = true
+		s.mu.Unlock()
+		s.c.log.Info("alive-lock taken", "instance", s.id)
+	}
+	return nil
+}
+
+// teardown ends a connection. On Close it first releases the alive-lock
+// explicitly, so the lock is free when Close returns (a terminated session
+// releases it only once the server notices).
+func (s *subscription) teardown(ctx context.Context, conn *pgx.Conn) {
+	s.mu.Lock()
+	held := s.lockHeld
+	s.available, s.lockHeld, s.pid = false, false, 0
+	if ctx.Err() == nil {
+		s.push(driver.Signal{Kind: driver.SignalGateUnavailable})
+	}
+	s.mu.Unlock()
+	bg, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if held && !conn.IsClosed() {
+		_, _ = conn.Exec(bg, s.c.sql.unlock, s.id)
+	}
+	_ = conn.Close(bg)
+}
+
+// deliver maps a NOTIFY payload to a signal.
+func (s *subscription) deliver(payload string) {
+	var sig driver.Signal
+	switch {
+	case payload == "orphan":
+		sig = driver.Signal{Kind: driver.SignalOrphan}
+	case driver.Category(payload).Valid():
+		sig = driver.Signal{Kind: driver.SignalWork, Category: driver.Category(payload)}
+	default:
+		s.c.log.Debug("ignoring notification", "instance", s.id, "payload", payload)
+		return
+	}
+	s.mu.Lock()
+	s.push(sig)
+	s.mu.Unlock()
+}
+
+// crashListeners makes instanceID's subscriptions behave like the listener
+// of a crashed process: their backends are terminated (releasing the
+// alive-lock; pg_terminate_backend waits for the backend to exit) and they
+// never reconnect. Test-only fault injection.
+func (c *Coordinator) crashListeners(ctx context.Context, instanceID uuid.UUID) (int, error) {
+	c.mu.Lock()
+	var pids []uint32
+	for _, s := range c.subs[instanceID] {
+		s.mu.Lock()
+		s.crashed = true
+		if s.pid != 0 {
+			pids = append(pids, s.pid)
+		}
+		s.mu.Unlock()
+	}
+	c.mu.Unlock()
+	for _, pid := range pids {
+		if err := terminateBackend(ctx, c.pool, pid); err != nil {
+			return 0, err
+		}
+	}
+	return len(pids), nil
+}
+
+// listenerPIDs returns the backend pids of instanceID's live listener
+// connections (test support).
+func (c *Coordinator) listenerPIDs(instanceID uuid.UUID) []uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var pids []uint32
+	for _, s := range c.subs[instanceID] {
+		s.mu.Lock()
+		if s.pid != 0 {
+			pids = append(pids, s.pid)
+		}
+		s.mu.Unlock()
+	}
+	return pids
+}
+
+func terminateBackend(ctx context.Context, q querier, pid uint32) error {
+	var ok bool
+	if err := q.QueryRow(ctx, `SELECT pg_terminate_backend($1::integer, 10000)`, int32(pid)).Scan(&ok); err != nil {
+		return fmt.Errorf("pgxdriver: terminate listener backend %d: %w", pid, err)
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package pgxdriver
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/migrations"
+)
+
+// Options configures a Coordinator. The zero value is ready to use.
+type Options struct {
+	// Schema holds the workpump tables and functions; "" means "public". It
+	// must match ^[a-z_][a-z0-9_]{0,62}$.
+	Schema string
+	// PartitionCount is the partition count rows are enqueued with; 0 means
+	// driver.DefaultPartitionCount. Every process sharing a schema must use
+	// the same value.
+	PartitionCount int
+	// Now replaces the database clock. Tests only; nil means now() on the
+	// server.
+	Now func() time.Time
+	// Logger receives listener and schema diagnostics; nil discards them.
+	Logger hclog.Logger
+
+	// ListenerReconnectMin and ListenerReconnectMax bound the exponential
+	// backoff between listener connection attempts; 0 means 250ms and 30s.
+	ListenerReconnectMin time.Duration
+	ListenerReconnectMax time.Duration
+	// ListenerPingInterval is how long an idle listener waits before it
+	// checks its connection; 0 means 15s. It bounds how long a silently dead
+	// connection goes unnoticed.
+	ListenerPingInterval time.Duration
+	// ListenerLockRetry is how often a listener that could not take its
+	// alive-lock (another session holds it) tries again; 0 means 1s.
+	ListenerLockRetry time.Duration
+	// ListenerConnString, when set, is the connection string the listener
+	// uses instead of the pool's configuration: a direct connection to
+	// Postgres when the pool goes through a transaction pooler.
+	ListenerConnString string
+	// DisableListener turns the listener off: Listen returns a subscription
+	// whose gate is never available (poll-only).
+	DisableListener bool
+	// SignalBuffer is each subscription's channel capacity; 0 means 64. A
+	// full channel drops further signals (any one of them only asks for a
+	// poll).
+	SignalBuffer int
+}
+
+const (
+	defaultReconnectMin = 250 * time.Millisecond
+	defaultReconnectMax = 30 * time.Second
+	defaultPing         = 15 * time.Second
+	defaultLockRetry    = time.Second
+	defaultSignalBuffer = 64
+)
+
+// withDefaults validates o and fills in defaults. Errors wrap
+// driver.ErrInvalidArgument and name the option.
+func (o Options) withDefaults() (Options, error) {
+	if o.Schema == "" {
+		o.Schema = migrations.DefaultSchema
+	}
+	if err := migrations.ValidateSchema(o.Schema); err != nil {
+		return o, fmt.Errorf("%w: Options.Schema: %v", driver.ErrInvalidArgument, err)
+	}
+	if o.PartitionCount < 0 {
+		return o, fmt.Errorf("%w: Options.PartitionCount: %d is negative", driver.ErrInvalidArgument, o.PartitionCount)
+	}
+	if o.PartitionCount == 0 {
+		o.PartitionCount = driver.DefaultPartitionCount
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"ListenerReconnectMin", &o.ListenerReconnectMin, defaultReconnectMin},
+		{"ListenerReconnectMax", &o.ListenerReconnectMax, defaultReconnectMax},
+		{"ListenerPingInterval", &o.ListenerPingInterval, defaultPing},
+		{"ListenerLockRetry", &o.ListenerLockRetry, defaultLockRetry},
+	} {
+		if *d.v < 0 {
+			return o, fmt.Errorf("%w: Options.%s: %v is negative", driver.ErrInvalidArgument, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if o.ListenerReconnectMax < o.ListenerReconnectMin {
+		return o, fmt.Errorf("%w: Options.ListenerReconnectMax: %v is below ListenerReconnectMin %v", driver.ErrInvalidArgument, o.ListenerReconnectMax, o.ListenerReconnectMin)
+	}
+	if o.SignalBuffer < 0 {
+		return o, fmt.Errorf("%w: Options.SignalBuffer: %d is negative", driver.ErrInvalidArgument, o.SignalBuffer)
+	}
+	if o.SignalBuffer == 0 {
+		o.SignalBuffer = defaultSignalBuffer
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	return o, nil
+}

@@ -1,0 +1,190 @@
+// Package pgtest provisions Postgres for tests.
+//
+// The server is found in this order: WORKPUMP_TEST_DATABASE_URL; else a
+// throw-away container started with testcontainers' postgres module when a
+// Docker daemon is reachable; else the test is skipped with one line saying
+// so — unless WORKPUMP_REQUIRE_DB=1 (CI), where a missing database fails the
+// test instead.
+//
+// Every test gets its own schema (random name, migrated, dropped at
+// t.Cleanup), so tests run in parallel against one database. Connections
+// come from small pools shared by the whole test binary, because every SQL
+// statement workpump runs is schema-qualified: sharing a pool between
+// schemas is safe, and it keeps parallel tests well inside max_connections.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/workpump/workpump/migrations"
+)
+
+// Environment variables read by this package.
+const (
+	EnvURL     = "WORKPUMP_TEST_DATABASE_URL"
+	EnvRequire = "WORKPUMP_REQUIRE_DB"
+)
+
+// PoolMaxConns is the size of each shared pool. A test binary holds at most
+// two pools (extended and simple protocol) plus the listener and fault
+// connections its tests open; with a few test binaries running at once this
+// stays far below a default max_connections of 100.
+const PoolMaxConns = 6
+
+var (
+	findOnce sync.Once
+	dbURL    string
+	whyNot   string // set when no database was found
+	stopDB   func()
+
+	poolMu sync.Mutex
+	pools  = map[pgx.QueryExecMode]*pgxpool.Pool{}
+)
+
+func find() {
+	if u := os.Getenv(EnvURL); u != "" {
+		dbURL = u
+		return
+	}
+	ok, where := dockerReachable()
+	if !ok {
+		whyNot = fmt.Sprintf("no Postgres: %s is unset and Docker is not reachable (%s)", EnvURL, where)
+		return
+	}
+	u, stop, err := startContainer()
+	if err != nil {
+		whyNot = fmt.Sprintf("no Postgres: %s is unset and the test container did not start (%s): %v", EnvURL, where, err)
+		return
+	}
+	dbURL, stopDB = u, stop
+}
+
+// URL returns the test database URL, skipping (or, with
+// WORKPUMP_REQUIRE_DB=1, failing) the test when there is none.
+func URL(t testing.TB) string {
+	t.Helper()
+	findOnce.Do(find)
+	if dbURL == "" {
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatalf("%s (%s=1 requires a database)", whyNot, EnvRequire)
+		}
+		t.Skip(whyNot)
+	}
+	return dbURL
+}
+
+// Config returns a pgx pool config for the test database with the given
+// query mode and a small pool.
+func Config(t testing.TB, mode pgx.QueryExecMode) *pgxpool.Config {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatalf("pgtest: parse %s: %v", EnvURL, err)
+	}
+	cfg.MaxConns = PoolMaxConns
+	cfg.MinConns = 0
+	cfg.MaxConnIdleTime = 30 * time.Second
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	return cfg
+}
+
+// Pool returns the binary-wide pool in the default (extended protocol,
+// cached statements) mode. Do not close it; CloseShared does at the end.
+func Pool(t testing.TB) *pgxpool.Pool { return sharedPool(t, pgx.QueryExecModeCacheStatement) }
+
+// SimplePool returns the binary-wide pool in simple-protocol mode (the mode
+// PgBouncer transaction pooling needs).
+func SimplePool(t testing.TB) *pgxpool.Pool { return sharedPool(t, pgx.QueryExecModeSimpleProtocol) }
+
+func sharedPool(t testing.TB, mode pgx.QueryExecMode) *pgxpool.Pool {
+	t.Helper()
+	cfg := Config(t, mode)
+	poolMu.Lock()
+	defer poolMu.Unlock()
+	if p := pools[mode]; p != nil {
+		return p
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = p.Ping(ctx)
+	}
+	if err != nil {
+		if p != nil {
+			p.Close()
+		}
+		t.Fatalf("pgtest: connect to the test database: %v", err)
+	}
+	pools[mode] = p
+	return p
+}
+
+// CloseShared closes the shared pools and stops the container, if any. Call
+// it from TestMain after m.Run (before a goroutine leak check).
+func CloseShared() {
+	poolMu.Lock()
+	for m, p := range pools {
+		p.Close()
+		delete(pools, m)
+	}
+	poolMu.Unlock()
+	if stopDB != nil {
+		stopDB()
+	}
+}
+
+// SchemaName returns a fresh random schema name ("wpt_" + 16 hex digits)
+// that is dropped (CASCADE) when the test ends. The schema is not created.
+func SchemaName(t testing.TB) string {
+	t.Helper()
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	name := "wpt_" + hex.EncodeToString(b[:])
+	pool := Pool(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+name+`" CASCADE`); err != nil {
+			t.Errorf("pgtest: drop schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// Schema returns a fresh schema migrated to the latest version, dropped when
+// the test ends.
+func Schema(t testing.TB) string {
+	t.Helper()
+	name := SchemaName(t)
+	db := stdlib.OpenDBFromPool(Pool(t))
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := migrations.Up(ctx, db, name); err != nil {
+		t.Fatalf("pgtest: migrate schema %s: %v", name, err)
+	}
+	return name
+}
+
+// DB returns a database/sql handle over the shared pool, closed when the
+// test ends (the pool stays open).
+func DB(t testing.TB) *sql.DB {
+	t.Helper()
+	db := stdlib.OpenDBFromPool(Pool(t))
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}

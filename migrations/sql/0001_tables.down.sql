@@ -1,0 +1,8 @@
+-- Reverts 0001_tables.up.sql.
+DROP TABLE IF EXISTS {{.S}}.wp_dead_letters;
+DROP TABLE IF EXISTS {{.S}}.wp_active_streams;
+DROP TABLE IF EXISTS {{.S}}.wp_service_instances;
+{{- range .Cats}}
+DROP TABLE IF EXISTS {{$.S}}.{{.Table}};
+{{- end}}
+DROP SEQUENCE IF EXISTS {{.S}}.wp_work_seq;

@@ -1,0 +1,108 @@
+-- workpump schema, version 1: tables and indexes.
+--
+-- Rendered by migrations.Render: {{"{{"}}.S{{"}}"}} is the quoted schema name. Every work
+-- table has the same shape; the category decides the key column name, the
+-- done column (receptor rows track completed_at, the others processed_at)
+-- and whether the order scope includes name (perspective events).
+
+CREATE SEQUENCE {{.S}}.wp_work_seq AS bigint;
+
+COMMENT ON SEQUENCE {{.S}}.wp_work_seq IS
+    'workpump: enqueue order (Work.Seq) shared by all work tables. No CACHE: values must follow call order across sessions.';
+{{range .Cats}}
+CREATE TABLE {{$.S}}.{{.Table}} (
+    {{.Key}}         uuid        PRIMARY KEY,
+    seq              bigint      NOT NULL DEFAULT nextval('{{$.S}}.wp_work_seq'),
+    stream_id        text        NOT NULL DEFAULT '',
+    partition_number integer     NOT NULL CHECK (partition_number >= 0),
+    name             text        NOT NULL DEFAULT '',
+    message_type     text        NOT NULL DEFAULT '',
+    payload          bytea,
+    metadata         json        NOT NULL DEFAULT '{}',
+    scheduled_for    timestamptz,
+    created_at       timestamptz NOT NULL,
+    instance_id      uuid,
+    lease_expiry     timestamptz,
+    attempts         integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    handed_out       boolean     NOT NULL DEFAULT false,
+    last_error       text,
+    {{.Done}}     timestamptz,
+    CONSTRAINT {{.Table}}_lease_pair CHECK ((instance_id IS NULL) = (lease_expiry IS NULL))
+);
+
+COMMENT ON TABLE {{$.S}}.{{.Table}} IS 'workpump: {{.Name}} work ({{.NameMeaning}} in name)';
+
+-- Claim sources. A pending row is in exactly one of the first three: fresh
+-- (never leased since enqueue/release, no schedule), scheduled-and-unleased,
+-- or leased. The claim merges them by seq, so its cost follows the rows it
+-- looks at, not the backlog.
+CREATE INDEX {{.Table}}_fresh ON {{$.S}}.{{.Table}} (seq)
+    WHERE {{.Done}} IS NULL AND instance_id IS NULL AND scheduled_for IS NULL;
+CREATE INDEX {{.Table}}_scheduled ON {{$.S}}.{{.Table}} (scheduled_for)
+    WHERE {{.Done}} IS NULL AND instance_id IS NULL AND scheduled_for IS NOT NULL;
+CREATE INDEX {{.Table}}_leased ON {{$.S}}.{{.Table}} (lease_expiry)
+    WHERE {{.Done}} IS NULL AND instance_id IS NOT NULL;
+-- Rows that can block later rows of their order scope (leased, or carrying
+-- a schedule). Fresh rows never block, so this index stays small.
+CREATE INDEX {{.Table}}_blockers ON {{$.S}}.{{.Table}} (stream_id, {{if .ByName}}name, {{end}}seq)
+    WHERE {{.Done}} IS NULL AND stream_id <> '' AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
+{{- if .Keeps}}
+-- Processed rows kept for deduplication, found by Purge.
+CREATE INDEX {{.Table}}_done ON {{$.S}}.{{.Table}} ({{.Done}})
+    WHERE {{.Done}} IS NOT NULL;
+{{- end}}
+{{end}}
+CREATE TABLE {{.S}}.wp_service_instances (
+    instance_id       uuid        PRIMARY KEY,
+    service_name      text        NOT NULL DEFAULT '',
+    host_name         text        NOT NULL DEFAULT '',
+    process_id        integer     NOT NULL DEFAULT 0,
+    metadata          json        NOT NULL DEFAULT '{}',
+    started_at        timestamptz NOT NULL,
+    last_heartbeat_at timestamptz NOT NULL
+);
+
+COMMENT ON TABLE {{.S}}.wp_service_instances IS
+    'workpump: registered (live) pump instances; rank = position by instance_id';
+
+-- One row per stream: its owner and stream lease, shared by every category.
+-- Enqueue creates the row (ownerless) and key-share locks it until commit,
+-- and ClaimWork locks it FOR UPDATE SKIP LOCKED before taking rows of the
+-- stream, so neither a concurrent claimer nor a still-open enqueue of the
+-- same stream can interleave with a claim. claimed_at is null until the
+-- stream is first claimed (the Inspector reports such rows as absent).
+CREATE TABLE {{.S}}.wp_active_streams (
+    stream_id            text        PRIMARY KEY,
+    assigned_instance_id uuid,
+    lease_expiry         timestamptz,
+    claimed_at           timestamptz
+);
+
+CREATE INDEX wp_active_streams_owner ON {{.S}}.wp_active_streams (assigned_instance_id)
+    WHERE assigned_instance_id IS NOT NULL;
+
+COMMENT ON TABLE {{.S}}.wp_active_streams IS 'workpump: stream ownership (stream lease) and stream lock rows';
+
+CREATE TABLE {{.S}}.wp_dead_letters (
+    dead_letter_id   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    category         text        NOT NULL,
+    id               uuid        NOT NULL,
+    stream_id        text        NOT NULL,
+    partition_number integer     NOT NULL,
+    name             text        NOT NULL,
+    message_type     text        NOT NULL,
+    payload          bytea,
+    metadata         json        NOT NULL,
+    attempts         integer     NOT NULL,
+    seq              bigint      NOT NULL,
+    scheduled_for    timestamptz,
+    created_at       timestamptz NOT NULL,
+    instance_id      uuid,
+    error            text        NOT NULL,
+    dead_lettered_at timestamptz NOT NULL
+);
+
+CREATE INDEX wp_dead_letters_at ON {{.S}}.wp_dead_letters (dead_lettered_at);
+CREATE INDEX wp_dead_letters_id ON {{.S}}.wp_dead_letters (category, id);
+
+COMMENT ON TABLE {{.S}}.wp_dead_letters IS 'workpump: rows that failed MaxAttempts times';

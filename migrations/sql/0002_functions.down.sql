@@ -1,0 +1,24 @@
+-- Reverts 0002_functions.up.sql.
+DROP FUNCTION IF EXISTS {{.S}}.wp_stats_leases;
+DROP FUNCTION IF EXISTS {{.S}}.wp_stats;
+DROP FUNCTION IF EXISTS {{.S}}.wp_get_stream_owner;
+DROP FUNCTION IF EXISTS {{.S}}.wp_list_dead_letters;
+DROP FUNCTION IF EXISTS {{.S}}.wp_list_instances;
+DROP FUNCTION IF EXISTS {{.S}}.wp_get_work;
+DROP FUNCTION IF EXISTS {{.S}}.wp_purge;
+DROP FUNCTION IF EXISTS {{.S}}.wp_deregister;
+DROP FUNCTION IF EXISTS {{.S}}.wp_record_heartbeat;
+DROP FUNCTION IF EXISTS {{.S}}.wp_cleanup_stale_instances;
+DROP FUNCTION IF EXISTS {{.S}}.wp_release;
+DROP FUNCTION IF EXISTS {{.S}}.wp_fail;
+DROP FUNCTION IF EXISTS {{.S}}.wp_complete;
+DROP FUNCTION IF EXISTS {{.S}}.wp_renew_leases;
+DROP FUNCTION IF EXISTS {{.S}}.wp_claim_work;
+DROP FUNCTION IF EXISTS {{.S}}.wp_enqueue;
+DROP FUNCTION IF EXISTS {{.S}}.wp_settle_streams;
+DROP FUNCTION IF EXISTS {{.S}}.wp_release_instances;
+DROP FUNCTION IF EXISTS {{.S}}.wp_ns;
+DROP FUNCTION IF EXISTS {{.S}}.wp_retry_delay;
+DROP FUNCTION IF EXISTS {{.S}}.wp_held_alive_locks;
+DROP FUNCTION IF EXISTS {{.S}}.wp_alive_lock_key;
+DROP FUNCTION IF EXISTS {{.S}}.wp_channel;

@@ -1,0 +1,1008 @@
+-- workpump schema, version 2: the SQL functions every Postgres driver calls.
+--
+-- Conventions:
+--  * Every function takes p_now timestamptz DEFAULT NULL and works at
+--    COALESCE(p_now, now()): the database clock unless a test harness injects one.
+--  * Durations are bigint nanoseconds (Go time.Duration); stored times are
+--    truncated to microseconds, as Go's Truncate(time.Microsecond) would.
+--  * Errors: SQLSTATE WP001 unknown instance, WP002 unknown category, WP003
+--    category not renewable, 22023 invalid argument.
+--  * Lock order, to stay deadlock-free: stream rows (sorted) before work
+--    rows; work tables in the fixed order outbox, inbox, perspective_event,
+--    receptor; rows within a table by key. ClaimWork never waits on a work
+--    row or a stream row (SKIP LOCKED), so it can never be part of a cycle.
+
+-- wp_channel is the LISTEN/NOTIFY channel of one instance in this schema.
+-- The schema tag keeps two schemas in one database from waking each other.
+CREATE FUNCTION {{.S}}.wp_channel(p_instance_id uuid) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $fn$ SELECT {{.ChanLit}} || replace(p_instance_id::text, '-', '') $fn$;
+
+-- wp_alive_lock_key is the session advisory lock key (bigint form) of one
+-- instance's alive-lock: hashtextextended('workpump:<schema>:alive:<uuid>', 0).
+-- In pg_locks it appears as locktype 'advisory', classid = high 32 bits,
+-- objid = low 32 bits, objsubid = 1.
+CREATE FUNCTION {{.S}}.wp_alive_lock_key(p_instance_id uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $fn$ SELECT hashtextextended('workpump:' || {{.Lit}} || ':alive:' || p_instance_id::text, 0) $fn$;
+
+-- wp_held_alive_locks lists the instances of p_ids whose alive-lock some
+-- session holds right now.
+CREATE FUNCTION {{.S}}.wp_held_alive_locks(p_ids uuid[]) RETURNS SETOF uuid
+LANGUAGE sql VOLATILE
+AS $fn$
+    SELECT k.id
+      FROM (SELECT u.id, {{.S}}.wp_alive_lock_key(u.id) AS key FROM unnest(p_ids) AS u(id)) k
+     WHERE EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+           AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+           AND l.classid = ((k.key >> 32) & 4294967295)::oid
+           AND l.objid = (k.key & 4294967295)::oid)
+$fn$;
+
+-- wp_retry_delay mirrors driver.RetryDelay: min(base << min(attempts, 10), max),
+-- computed in nanoseconds without overflow and returned at microsecond precision.
+CREATE FUNCTION {{.S}}.wp_retry_delay(p_attempts integer, p_base_ns bigint, p_max_ns bigint) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $fn$
+    SELECT ((CASE WHEN p_base_ns <= 0 OR p_base_ns > (p_max_ns >> a) THEN p_max_ns ELSE p_base_ns << a END) / 1000)
+           * interval '1 microsecond'
+      FROM (SELECT least(greatest(p_attempts, 0), 10) AS a) x
+$fn$;
+
+-- wp_ns converts nanoseconds to an interval truncated to microseconds.
+CREATE FUNCTION {{.S}}.wp_ns(p_ns bigint) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $fn$ SELECT (p_ns / 1000) * interval '1 microsecond' $fn$;
+
+-- wp_release_instances clears every lease and stream ownership held by
+-- p_ids (attempts unchanged) and returns how many work rows it released.
+CREATE FUNCTION {{.S}}.wp_release_instances(p_ids uuid[]) RETURNS integer
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_n integer := 0;
+    v_c integer;
+BEGIN
+{{- range .Cats}}
+    WITH lk AS (
+        SELECT t.ctid AS tid
+          FROM {{$.S}}.{{.Table}} t
+         WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.instance_id = ANY (p_ids)
+         ORDER BY t.{{.Key}}
+           FOR UPDATE)
+    UPDATE {{$.S}}.{{.Table}} t
+       SET instance_id = NULL, lease_expiry = NULL
+     WHERE t.ctid = ANY (ARRAY(SELECT lk.tid FROM lk))
+       AND t.instance_id = ANY (p_ids);
+    GET DIAGNOSTICS v_c = ROW_COUNT;
+    v_n := v_n + v_c;
+{{- end}}
+    UPDATE {{.S}}.wp_active_streams a
+       SET assigned_instance_id = NULL, lease_expiry = NULL
+      FROM (SELECT s.stream_id FROM {{.S}}.wp_active_streams s
+             WHERE s.assigned_instance_id = ANY (p_ids)
+             ORDER BY s.stream_id
+               FOR NO KEY UPDATE) l
+     WHERE a.stream_id = l.stream_id;
+    RETURN v_n;
+END
+$fn$;
+
+-- wp_enqueue stores new work (parallel arrays, one element per item) and
+-- returns the number of rows inserted. An id already present in its table is
+-- skipped (ON CONFLICT DO NOTHING): inbox rows stay after processing, so a
+-- redelivered inbox message is deduplicated. Partitions are computed by the
+-- caller (driver.PartitionOf). The streams of the items are key-share locked
+-- until the caller's transaction ends, so their seq order is their commit
+-- order. Each due item NOTIFYs the instance that will claim it (the live
+-- stream owner, else the rank owner); NOTIFY is sent at commit.
+CREATE FUNCTION {{.S}}.wp_enqueue(
+    p_categories    text[],
+    p_ids           uuid[],
+    p_streams       text[],
+    p_partitions    integer[],
+    p_names         text[],
+    p_types         text[],
+    p_payloads      bytea[],
+    p_metadata      text[],
+    p_scheduled_for timestamptz[],
+    p_now           timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := COALESCE(p_now, now());
+    v_n       integer := cardinality(p_ids);
+    v_total   integer := 0;
+    v_c       integer;
+    v_streams text[];
+    v_live    uuid[];
+    w_cat     text[] := '{}';
+    w_stream  text[] := '{}';
+    w_part    integer[] := '{}';
+    x_cat     text[];
+    x_stream  text[];
+    x_part    integer[];
+BEGIN
+    IF v_n IS NULL OR v_n = 0 THEN
+        RETURN 0;
+    END IF;
+    IF cardinality(p_categories) IS DISTINCT FROM v_n OR cardinality(p_streams) IS DISTINCT FROM v_n
+       OR cardinality(p_partitions) IS DISTINCT FROM v_n OR cardinality(p_names) IS DISTINCT FROM v_n
+       OR cardinality(p_types) IS DISTINCT FROM v_n OR cardinality(p_payloads) IS DISTINCT FROM v_n
+       OR cardinality(p_metadata) IS DISTINCT FROM v_n OR cardinality(p_scheduled_for) IS DISTINCT FROM v_n THEN
+        RAISE EXCEPTION 'workpump: wp_enqueue: argument arrays differ in length' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_categories) c WHERE c IS NULL OR c NOT IN ({{.CatList}})) THEN
+        RAISE EXCEPTION 'workpump: wp_enqueue: unknown category in p_categories' USING ERRCODE = 'WP002';
+    END IF;
+
+    v_streams := ARRAY(SELECT DISTINCT s FROM unnest(p_streams) s WHERE s <> '' ORDER BY s);
+    IF cardinality(v_streams) > 0 THEN
+        INSERT INTO {{.S}}.wp_active_streams (stream_id)
+        SELECT s FROM unnest(v_streams) s ORDER BY s
+        ON CONFLICT (stream_id) DO NOTHING;
+        PERFORM 1 FROM {{.S}}.wp_active_streams a
+          WHERE a.stream_id = ANY (v_streams)
+          ORDER BY a.stream_id
+            FOR KEY SHARE;
+    END IF;
+{{range .Cats}}
+    IF '{{.Name}}' = ANY (p_categories) THEN
+        WITH ins AS (
+            INSERT INTO {{$.S}}.{{.Table}} AS t
+                ({{.Key}}, stream_id, partition_number, name, message_type, payload, metadata, scheduled_for, created_at)
+            SELECT u.id, u.stream_id, u.part, u.name, u.mtype, u.payload, COALESCE(NULLIF(u.meta, ''), '{}')::json,
+                   date_trunc('microseconds', u.sched), v_now
+              FROM unnest(p_categories, p_ids, p_streams, p_partitions, p_names, p_types, p_payloads, p_metadata, p_scheduled_for)
+                   WITH ORDINALITY AS u(cat, id, stream_id, part, name, mtype, payload, meta, sched, ord)
+             WHERE u.cat = '{{.Name}}'
+             ORDER BY u.ord
+            ON CONFLICT ({{.Key}}) DO NOTHING
+            RETURNING t.stream_id, t.partition_number, t.scheduled_for)
+        SELECT count(*)::integer,
+               array_agg(ins.stream_id) FILTER (WHERE ins.scheduled_for IS NULL OR ins.scheduled_for <= v_now),
+               array_agg(ins.partition_number) FILTER (WHERE ins.scheduled_for IS NULL OR ins.scheduled_for <= v_now)
+          INTO v_c, x_stream, x_part
+          FROM ins;
+        v_total := v_total + v_c;
+        IF x_stream IS NOT NULL THEN
+            w_cat := w_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_stream)]);
+            w_stream := w_stream || x_stream;
+            w_part := w_part || x_part;
+        END IF;
+    END IF;
+{{end}}
+    IF cardinality(w_cat) > 0 THEN
+        SELECT array_agg(i.instance_id ORDER BY i.instance_id) INTO v_live FROM {{.S}}.wp_service_instances i;
+        IF v_live IS NOT NULL THEN
+            PERFORM pg_notify({{.S}}.wp_channel(x.target), x.cat)
+               FROM (SELECT DISTINCT u.cat,
+                            COALESCE(own.assigned_instance_id, v_live[(u.part % cardinality(v_live)) + 1]) AS target
+                       FROM unnest(w_cat, w_stream, w_part) AS u(cat, stream_id, part)
+                       LEFT JOIN {{.S}}.wp_active_streams own
+                         ON u.stream_id <> '' AND own.stream_id = u.stream_id
+                        AND own.assigned_instance_id = ANY (v_live) AND own.lease_expiry >= v_now) x;
+        END IF;
+    END IF;
+    RETURN v_total;
+END
+$fn$;
+
+-- wp_claim_work leases claimable rows to p_instance_id and returns them,
+-- grouped by category (outbox, inbox, perspective_event, receptor) and sorted
+-- by seq within each. The rules are the driver package's:
+--  * claimable: pending AND (unowned OR lease_expiry < now) AND due;
+--  * routing: a stream owned by a live instance with stream lease >= now is
+--    claimed only by that owner; any other row only by the instance whose
+--    rank (0-based position by instance_id) equals partition mod live count;
+--  * order: a row is taken only if no earlier pending row of its order scope
+--    is leased (lease >= now) or scheduled in the future, and every earlier
+--    claimable row of the scope is taken in the same call;
+--  * at most p_max rows per category; attempts+1, handed_out, lease set;
+--    each stream a row is taken from gets owner = caller, lease = now+lease.
+-- Nothing claimable means nothing written: cheap EXISTS probes on the
+-- partial indexes decide first, and every write comes after candidates exist.
+-- Order safety under races: after choosing candidates, their stream rows are
+-- locked FOR UPDATE SKIP LOCKED (a concurrent claimer or an open enqueue of
+-- the stream makes it skip the stream), then the rows are re-checked and
+-- locked under a new snapshot, and a candidate that can no longer be taken
+-- drops every later candidate of its scope.
+CREATE FUNCTION {{.S}}.wp_claim_work(
+    p_instance_id uuid,
+    p_categories  text[],
+    p_lease_ns    bigint,
+    p_max         integer,
+    p_now         timestamptz DEFAULT NULL)
+RETURNS TABLE (
+    category         text,
+    id               uuid,
+    stream_id        text,
+    partition_number integer,
+    name             text,
+    message_type     text,
+    payload          bytea,
+    metadata         json,
+    attempts         integer,
+    seq              bigint,
+    scheduled_for    timestamptz,
+    created_at       timestamptz,
+    lease_expiry     timestamptz,
+    orphaned         boolean)
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := COALESCE(p_now, now());
+    v_exp     timestamptz;
+    v_rank    integer;
+    v_live    integer;
+    v_found   boolean;
+    v_streams text[];
+    v_owned   text[] := '{}';
+{{- range .Cats}}
+    v_{{.Name}}     boolean;
+    c_{{.Name}}_id     uuid[];
+    c_{{.Name}}_seq    bigint[];
+    c_{{.Name}}_stream text[];
+    c_{{.Name}}_name   text[];
+{{- end}}
+BEGIN
+    IF p_lease_ns IS NULL OR p_lease_ns <= 0 THEN
+        RAISE EXCEPTION 'workpump: wp_claim_work: p_lease_ns must be > 0' USING ERRCODE = '22023';
+    END IF;
+    IF p_max IS NULL OR p_max <= 0 THEN
+        RAISE EXCEPTION 'workpump: wp_claim_work: p_max must be > 0' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_categories) c WHERE c IS NULL OR c NOT IN ({{.CatList}})) THEN
+        RAISE EXCEPTION 'workpump: wp_claim_work: unknown category in p_categories' USING ERRCODE = 'WP002';
+    END IF;
+    v_exp := v_now + {{.S}}.wp_ns(p_lease_ns);
+
+    SELECT count(*) FILTER (WHERE i.instance_id < p_instance_id), count(*), bool_or(i.instance_id = p_instance_id)
+      INTO v_rank, v_live, v_found
+      FROM {{.S}}.wp_service_instances i;
+    IF v_found IS NOT TRUE THEN
+        RAISE EXCEPTION 'workpump: instance % is not registered', p_instance_id USING ERRCODE = 'WP001';
+    END IF;
+
+    -- Idle short-circuit: one probe per claim source and category.
+    SELECT
+{{- range $i, $c := .Cats}}{{if $i}},{{end}}
+        (cardinality(p_categories) IS NOT DISTINCT FROM 0 OR p_categories IS NULL OR '{{.Name}}' = ANY (p_categories)) AND (
+            EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
+                     WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL)
+         OR EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
+                     WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NOT NULL
+                       AND t.scheduled_for <= v_now)
+         OR EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
+                     WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry < v_now))
+{{- end}}
+      INTO {{range $i, $c := .Cats}}{{if $i}}, {{end}}v_{{.Name}}{{end}};
+    IF NOT ({{range $i, $c := .Cats}}{{if $i}} OR {{end}}v_{{.Name}}{{end}}) THEN
+        RETURN;
+    END IF;
+{{range .Cats}}
+    IF v_{{.Name}} THEN
+        SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
+               array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq)
+          INTO c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name
+          FROM (
+            SELECT u.k, u.seq, u.stream_id, u.sname
+              FROM (
+                (SELECT t.{{.Key}} AS k, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}} AS sname, t.partition_number
+                   FROM {{$.S}}.{{.Table}} t
+                  WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL
+                  ORDER BY t.seq)
+                UNION ALL
+                (SELECT t.{{.Key}}, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number
+                   FROM {{$.S}}.{{.Table}} t
+                  WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NOT NULL
+                    AND t.scheduled_for <= v_now
+                  ORDER BY t.seq)
+                UNION ALL
+                (SELECT t.{{.Key}}, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number
+                   FROM {{$.S}}.{{.Table}} t
+                  WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry < v_now
+                    AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
+                  ORDER BY t.seq)
+              ) u
+              LEFT JOIN {{$.S}}.wp_active_streams a
+                ON u.stream_id <> '' AND a.stream_id = u.stream_id
+               AND a.assigned_instance_id IS NOT NULL AND a.lease_expiry >= v_now
+               AND EXISTS (SELECT 1 FROM {{$.S}}.wp_service_instances i WHERE i.instance_id = a.assigned_instance_id)
+             WHERE (CASE WHEN a.stream_id IS NULL THEN u.partition_number % v_live = v_rank
+                         ELSE a.assigned_instance_id = p_instance_id END)
+               AND (u.stream_id = '' OR NOT EXISTS (
+                    SELECT 1 FROM {{$.S}}.{{.Table}} b
+                     WHERE b.stream_id = u.stream_id{{if .ByName}} AND b.name = u.sname{{end}} AND b.seq < u.seq
+                       AND b.{{.Done}} IS NULL AND b.stream_id <> ''
+                       AND (b.instance_id IS NOT NULL OR b.scheduled_for IS NOT NULL)
+                       AND ((b.instance_id IS NOT NULL AND b.lease_expiry >= v_now) OR b.scheduled_for > v_now)))
+             ORDER BY u.seq
+             LIMIT p_max) w;
+    END IF;
+{{end}}
+    IF {{range $i, $c := .Cats}}{{if $i}} AND {{end}}c_{{.Name}}_id IS NULL{{end}} THEN
+        RETURN;
+    END IF;
+
+    -- From here on the claim writes. Key-share lock our instance row so a
+    -- concurrent cleanup (which skips locked rows) cannot evict us mid-claim.
+    PERFORM 1 FROM {{.S}}.wp_service_instances i WHERE i.instance_id = p_instance_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'workpump: instance % is not registered', p_instance_id USING ERRCODE = 'WP001';
+    END IF;
+
+    v_streams := ARRAY(
+        SELECT DISTINCT s
+          FROM unnest({{range $i, $c := .Cats}}{{if $i}} || {{end}}COALESCE(c_{{.Name}}_stream, '{}'){{end}}) s
+         WHERE s <> ''
+         ORDER BY s);
+    IF cardinality(v_streams) > 0 THEN
+        -- Enqueue creates these rows; this only matters after a purge.
+        INSERT INTO {{.S}}.wp_active_streams (stream_id)
+        SELECT s FROM unnest(v_streams) s ORDER BY s
+        ON CONFLICT (stream_id) DO NOTHING;
+        WITH lk AS (
+            SELECT a.stream_id
+              FROM {{.S}}.wp_active_streams a
+             WHERE a.stream_id = ANY (v_streams)
+               AND (a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
+                    OR a.lease_expiry < v_now
+                    OR NOT EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i
+                                    WHERE i.instance_id = a.assigned_instance_id))
+             ORDER BY a.stream_id
+               FOR UPDATE SKIP LOCKED),
+        up AS (
+            UPDATE {{.S}}.wp_active_streams a
+               SET assigned_instance_id = p_instance_id, lease_expiry = v_exp, claimed_at = v_now
+              FROM lk
+             WHERE a.stream_id = lk.stream_id
+            RETURNING a.stream_id)
+        SELECT COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
+    END IF;
+{{range .Cats}}
+    IF c_{{.Name}}_id IS NOT NULL THEN
+        RETURN QUERY
+        WITH cand AS (
+            SELECT u.k, u.seq, u.stream_id, u.sname
+              FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS u(k, seq, stream_id, sname)
+             WHERE u.stream_id = ''
+            UNION ALL
+            SELECT u.k, u.seq, u.stream_id, u.sname
+              FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS u(k, seq, stream_id, sname)
+              JOIN unnest(v_owned) AS o(s) ON o.s = u.stream_id),
+        lk AS (
+            SELECT t.ctid AS tid, t.{{.Key}} AS k, t.handed_out
+              FROM cand
+              JOIN {{$.S}}.{{.Table}} t ON t.{{.Key}} = cand.k
+             WHERE t.{{.Done}} IS NULL
+               AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
+               AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
+               FOR UPDATE OF t SKIP LOCKED),
+        gap AS (
+            SELECT c.stream_id, c.sname, min(c.seq) AS gseq
+              FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS c(k, seq, stream_id, sname)
+             WHERE c.stream_id <> '' AND NOT EXISTS (SELECT 1 FROM lk WHERE lk.k = c.k)
+             GROUP BY c.stream_id, c.sname),
+        take AS (
+            SELECT lk.tid, lk.k, lk.handed_out
+              FROM lk
+              JOIN cand c ON c.k = lk.k
+              LEFT JOIN gap g ON g.stream_id = c.stream_id AND g.sname = c.sname
+             WHERE g.gseq IS NULL OR c.seq < g.gseq),
+        up AS (
+            UPDATE {{$.S}}.{{.Table}} t
+               SET instance_id = p_instance_id, lease_expiry = v_exp, attempts = t.attempts + 1, handed_out = true
+             WHERE t.ctid = ANY (ARRAY(SELECT take.tid FROM take))
+            RETURNING t.*)
+        SELECT '{{.Name}}'::text, up.{{.Key}}, up.stream_id, up.partition_number, up.name, up.message_type,
+               up.payload, up.metadata, up.attempts, up.seq, up.scheduled_for, up.created_at, up.lease_expiry,
+               take.handed_out
+          FROM up JOIN take ON take.k = up.{{.Key}}
+         ORDER BY up.seq;
+    END IF;
+{{end}}
+END
+$fn$;
+
+-- wp_renew_leases sets lease_expiry = now+lease on the rows of p_ids that are
+-- pending and leased to p_instance_id (owner fencing: a lease lost to a peer
+-- is not stolen back), extends the stream lease of their streams the caller
+-- owns, and returns the renewed ids. Receptor leases are not renewable.
+CREATE FUNCTION {{.S}}.wp_renew_leases(
+    p_instance_id uuid,
+    p_category    text,
+    p_ids         uuid[],
+    p_lease_ns    bigint,
+    p_now         timestamptz DEFAULT NULL)
+RETURNS SETOF uuid
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := COALESCE(p_now, now());
+    v_exp     timestamptz;
+    v_ids     uuid[];
+    v_streams text[];
+BEGIN
+    IF p_category IS NULL OR p_category NOT IN ({{.CatList}}) THEN
+        RAISE EXCEPTION 'workpump: wp_renew_leases: unknown category %', p_category USING ERRCODE = 'WP002';
+    END IF;
+{{- range .Cats}}{{if not .Renewable}}
+    IF p_category = '{{.Name}}' THEN
+        RAISE EXCEPTION 'workpump: % leases are not renewable', p_category USING ERRCODE = 'WP003';
+    END IF;
+{{- end}}{{end}}
+    IF p_lease_ns IS NULL OR p_lease_ns <= 0 THEN
+        RAISE EXCEPTION 'workpump: wp_renew_leases: p_lease_ns must be > 0' USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i WHERE i.instance_id = p_instance_id) THEN
+        RAISE EXCEPTION 'workpump: instance % is not registered', p_instance_id USING ERRCODE = 'WP001';
+    END IF;
+    v_exp := v_now + {{.S}}.wp_ns(p_lease_ns);
+{{range .Cats}}{{if .Renewable}}
+    IF p_category = '{{.Name}}' THEN
+        WITH lk AS (
+            SELECT t.ctid AS tid
+              FROM {{$.S}}.{{.Table}} t
+             WHERE t.{{.Key}} = ANY (p_ids) AND t.instance_id = p_instance_id AND t.{{.Done}} IS NULL
+             ORDER BY t.{{.Key}}
+               FOR UPDATE),
+        up AS (
+            UPDATE {{$.S}}.{{.Table}} t
+               SET lease_expiry = v_exp
+             WHERE t.ctid = ANY (ARRAY(SELECT lk.tid FROM lk))
+            RETURNING t.{{.Key}} AS k, t.stream_id)
+        SELECT array_agg(up.k), array_agg(DISTINCT up.stream_id) FILTER (WHERE up.stream_id <> '')
+          INTO v_ids, v_streams
+          FROM up;
+    END IF;
+{{end}}{{end}}
+    IF v_streams IS NOT NULL THEN
+        -- SKIP LOCKED: a claim that holds the stream row is deciding its
+        -- owner right now; the row leases (which guard order) are renewed anyway.
+        UPDATE {{.S}}.wp_active_streams a
+           SET lease_expiry = v_exp
+          FROM (SELECT s.stream_id FROM {{.S}}.wp_active_streams s
+                 WHERE s.stream_id = ANY (v_streams) AND s.assigned_instance_id = p_instance_id
+                 ORDER BY s.stream_id
+                   FOR NO KEY UPDATE SKIP LOCKED) l
+         WHERE a.stream_id = l.stream_id;
+    END IF;
+    IF v_ids IS NOT NULL THEN
+        RETURN QUERY SELECT unnest(v_ids);
+    END IF;
+END
+$fn$;
+
+-- wp_settle_streams ends p_instance_id's ownership of those of p_streams in
+-- which it no longer holds a pending leased row in any category, so a stream
+-- goes back to its rank owner between batches instead of sticking to
+-- whichever instance claimed it first.
+CREATE FUNCTION {{.S}}.wp_settle_streams(p_instance_id uuid, p_streams text[]) RETURNS void
+LANGUAGE sql
+AS $fn$
+    UPDATE {{.S}}.wp_active_streams a
+       SET assigned_instance_id = NULL, lease_expiry = NULL
+      FROM (SELECT s.stream_id FROM {{.S}}.wp_active_streams s
+             WHERE s.stream_id = ANY (p_streams) AND s.assigned_instance_id = p_instance_id
+             ORDER BY s.stream_id
+               FOR NO KEY UPDATE) l
+     WHERE a.stream_id = l.stream_id
+{{- range .Cats}}
+       AND NOT EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
+                        WHERE t.stream_id = l.stream_id AND t.{{.Done}} IS NULL AND t.stream_id <> ''
+                          AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)
+                          AND t.instance_id = p_instance_id)
+{{- end}}
+$fn$;
+
+-- wp_complete completes handed-out attempts (parallel arrays category, id,
+-- attempts), fenced: only rows still leased to p_instance_id at that attempt
+-- are applied. Rows are deleted, except inbox rows, which are kept with
+-- processed_at set so a redelivered message id is deduplicated. Returns the
+-- applied (category, id) pairs.
+CREATE FUNCTION {{.S}}.wp_complete(
+    p_instance_id uuid,
+    p_categories  text[],
+    p_ids         uuid[],
+    p_attempts    integer[],
+    p_now         timestamptz DEFAULT NULL)
+RETURNS TABLE (category text, id uuid)
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := COALESCE(p_now, now());
+    v_cat     text[] := '{}';
+    v_ids     uuid[] := '{}';
+    v_streams text[] := '{}';
+    x_ids     uuid[];
+    x_streams text[];
+BEGIN
+    IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_categories) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_attempts) THEN
+        RAISE EXCEPTION 'workpump: wp_complete: argument arrays differ in length' USING ERRCODE = '22023';
+    END IF;
+{{- range .Cats}}
+    IF '{{.Name}}' = ANY (p_categories) THEN
+        WITH r AS (
+            SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att) WHERE u.cat = '{{.Name}}'),
+        lk AS (
+            SELECT t.ctid AS tid
+              FROM r JOIN {{$.S}}.{{.Table}} t ON t.{{.Key}} = r.k
+             WHERE t.attempts = r.att AND t.instance_id = p_instance_id AND t.{{.Done}} IS NULL
+             ORDER BY t.{{.Key}}
+               FOR UPDATE OF t),
+{{- if .Keeps}}
+        d AS (
+            UPDATE {{$.S}}.{{.Table}} t
+               SET {{.Done}} = v_now, instance_id = NULL, lease_expiry = NULL
+             WHERE t.ctid = ANY (ARRAY(SELECT lk.tid FROM lk))
+            RETURNING t.{{.Key}} AS k, t.stream_id)
+{{- else}}
+        d AS (
+            DELETE FROM {{$.S}}.{{.Table}} t
+             WHERE t.ctid = ANY (ARRAY(SELECT lk.tid FROM lk))
+            RETURNING t.{{.Key}} AS k, t.stream_id)
+{{- end}}
+        SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> '') INTO x_ids, x_streams FROM d;
+        IF x_ids IS NOT NULL THEN
+            v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_ids)]);
+            v_ids := v_ids || x_ids;
+            v_streams := v_streams || COALESCE(x_streams, '{}');
+        END IF;
+    END IF;
+{{- end}}
+    IF cardinality(v_streams) > 0 THEN
+        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams);
+    END IF;
+    RETURN QUERY SELECT u.c, u.k FROM unnest(v_cat, v_ids) AS u(c, k);
+END
+$fn$;
+
+-- wp_fail records failed attempts (fenced like wp_complete). A failure whose
+-- attempts >= p_max_attempts moves the row to wp_dead_letters with its error;
+-- any other clears the lease, stores last_error and schedules the retry at
+-- now + (retry_after when > 0, else wp_retry_delay(attempts, base, max)).
+-- Returns (category, id, dead) for every applied failure.
+CREATE FUNCTION {{.S}}.wp_fail(
+    p_instance_id    uuid,
+    p_categories     text[],
+    p_ids            uuid[],
+    p_attempts       integer[],
+    p_errors         text[],
+    p_retry_after_ns bigint[],
+    p_max_attempts   integer,
+    p_base_ns        bigint,
+    p_max_ns         bigint,
+    p_now            timestamptz DEFAULT NULL)
+RETURNS TABLE (category text, id uuid, dead boolean)
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := COALESCE(p_now, now());
+    v_cat     text[] := '{}';
+    v_ids     uuid[] := '{}';
+    v_dead    boolean[] := '{}';
+    v_streams text[] := '{}';
+    x_ids     uuid[];
+    x_dead    boolean[];
+    x_streams text[];
+BEGIN
+    IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_categories) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_attempts)
+       OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_errors) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_retry_after_ns) THEN
+        RAISE EXCEPTION 'workpump: wp_fail: argument arrays differ in length' USING ERRCODE = '22023';
+    END IF;
+    IF p_max_attempts IS NULL OR p_max_attempts <= 0 OR p_base_ns IS NULL OR p_base_ns <= 0 OR p_max_ns IS NULL OR p_max_ns < p_base_ns THEN
+        RAISE EXCEPTION 'workpump: wp_fail: need p_max_attempts > 0 and 0 < p_base_ns <= p_max_ns' USING ERRCODE = '22023';
+    END IF;
+{{- range .Cats}}
+    IF '{{.Name}}' = ANY (p_categories) THEN
+        WITH f AS (
+            SELECT u.k, u.att, u.err, u.after_ns
+              FROM unnest(p_categories, p_ids, p_attempts, p_errors, p_retry_after_ns) AS u(cat, k, att, err, after_ns)
+             WHERE u.cat = '{{.Name}}'),
+        lk AS (
+            SELECT t.ctid AS tid, t.{{.Key}} AS k, t.attempts, COALESCE(f.err, '') AS err, f.after_ns
+              FROM f JOIN {{$.S}}.{{.Table}} t ON t.{{.Key}} = f.k
+             WHERE t.attempts = f.att AND t.instance_id = p_instance_id AND t.{{.Done}} IS NULL
+             ORDER BY t.{{.Key}}
+               FOR UPDATE OF t),
+        dl AS (
+            DELETE FROM {{$.S}}.{{.Table}} t
+             WHERE t.ctid = ANY (ARRAY(SELECT lk.tid FROM lk WHERE lk.attempts >= p_max_attempts))
+            RETURNING t.*),
+        dli AS (
+            INSERT INTO {{$.S}}.wp_dead_letters
+                (category, id, stream_id, partition_number, name, message_type, payload, metadata, attempts, seq,
+                 scheduled_for, created_at, instance_id, error, dead_lettered_at)
+            SELECT '{{.Name}}', dl.{{.Key}}, dl.stream_id, dl.partition_number, dl.name, dl.message_type, dl.payload,
+                   dl.metadata, dl.attempts, dl.seq, dl.scheduled_for, dl.created_at, p_instance_id, lk.err, v_now
+              FROM dl JOIN lk ON lk.k = dl.{{.Key}}
+             ORDER BY dl.seq
+            RETURNING id, stream_id),
+        rt AS (
+            UPDATE {{$.S}}.{{.Table}} t
+               SET instance_id = NULL, lease_expiry = NULL, last_error = lk.err,
+                   scheduled_for = v_now + CASE WHEN lk.after_ns > 0 THEN {{$.S}}.wp_ns(lk.after_ns)
+                                                ELSE {{$.S}}.wp_retry_delay(t.attempts, p_base_ns, p_max_ns) END
+              FROM lk
+             WHERE t.{{.Key}} = lk.k AND lk.attempts < p_max_attempts
+            RETURNING t.{{.Key}} AS k, t.stream_id),
+        al AS (
+            SELECT dli.id AS k, true AS dead, dli.stream_id FROM dli
+            UNION ALL
+            SELECT rt.k, false, rt.stream_id FROM rt)
+        SELECT array_agg(al.k), array_agg(al.dead), array_agg(al.stream_id) FILTER (WHERE al.stream_id <> '')
+          INTO x_ids, x_dead, x_streams
+          FROM al;
+        IF x_ids IS NOT NULL THEN
+            v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_ids)]);
+            v_ids := v_ids || x_ids;
+            v_dead := v_dead || x_dead;
+            v_streams := v_streams || COALESCE(x_streams, '{}');
+        END IF;
+    END IF;
+{{- end}}
+    IF cardinality(v_streams) > 0 THEN
+        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams);
+    END IF;
+    RETURN QUERY SELECT u.c, u.k, u.d FROM unnest(v_cat, v_ids, v_dead) AS u(c, k, d);
+END
+$fn$;
+
+-- wp_release clears the leases of attempts the caller never ran and gives
+-- the attempt back (attempts - 1), fenced like wp_complete. Returns the
+-- applied (category, id) pairs.
+CREATE FUNCTION {{.S}}.wp_release(
+    p_instance_id uuid,
+    p_categories  text[],
+    p_ids         uuid[],
+    p_attempts    integer[],
+    p_now         timestamptz DEFAULT NULL)
+RETURNS TABLE (category text, id uuid)
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_cat     text[] := '{}';
+    v_ids     uuid[] := '{}';
+    v_streams text[] := '{}';
+    x_ids     uuid[];
+    x_streams text[];
+BEGIN
+    IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_categories) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_attempts) THEN
+        RAISE EXCEPTION 'workpump: wp_release: argument arrays differ in length' USING ERRCODE = '22023';
+    END IF;
+{{- range .Cats}}
+    IF '{{.Name}}' = ANY (p_categories) THEN
+        WITH r AS (
+            SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att) WHERE u.cat = '{{.Name}}'),
+        lk AS (
+            SELECT t.ctid AS tid
+              FROM r JOIN {{$.S}}.{{.Table}} t ON t.{{.Key}} = r.k
+             WHERE t.attempts = r.att AND t.instance_id = p_instance_id AND t.{{.Done}} IS NULL
+             ORDER BY t.{{.Key}}
+               FOR UPDATE OF t),
+        up AS (
+            UPDATE {{$.S}}.{{.Table}} t
+               SET instance_id = NULL, lease_expiry = NULL, attempts = t.attempts - 1
+             WHERE t.ctid = ANY (ARRAY(SELECT lk.tid FROM lk))
+            RETURNING t.{{.Key}} AS k, t.stream_id)
+        SELECT array_agg(up.k), array_agg(up.stream_id) FILTER (WHERE up.stream_id <> '') INTO x_ids, x_streams FROM up;
+        IF x_ids IS NOT NULL THEN
+            v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_ids)]);
+            v_ids := v_ids || x_ids;
+            v_streams := v_streams || COALESCE(x_streams, '{}');
+        END IF;
+    END IF;
+{{- end}}
+    IF cardinality(v_streams) > 0 THEN
+        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams);
+    END IF;
+    RETURN QUERY SELECT u.c, u.k FROM unnest(v_cat, v_ids) AS u(c, k);
+END
+$fn$;
+
+-- wp_cleanup_stale_instances evicts instances whose last heartbeat is older
+-- than now - p_stale_ns and whose alive-lock no session holds, and instances
+-- older than now - p_dead_ns regardless of the lock (half-open peers). It
+-- releases their leases and streams, NOTIFYs every surviving instance
+-- 'orphan', and returns the evicted ids in rank order. Rows a concurrent
+-- claim or cleanup has locked are skipped.
+CREATE FUNCTION {{.S}}.wp_cleanup_stale_instances(
+    p_stale_ns bigint,
+    p_dead_ns  bigint,
+    p_now      timestamptz DEFAULT NULL)
+RETURNS SETOF uuid
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now   timestamptz := COALESCE(p_now, now());
+    v_stale timestamptz;
+    v_dead  timestamptz;
+    v_cand  uuid[];
+    v_held  uuid[];
+    v_gone  uuid[];
+BEGIN
+    IF p_stale_ns IS NULL OR p_stale_ns <= 0 OR p_dead_ns IS NULL OR p_dead_ns < p_stale_ns THEN
+        RAISE EXCEPTION 'workpump: wp_cleanup_stale_instances: need 0 < p_stale_ns <= p_dead_ns' USING ERRCODE = '22023';
+    END IF;
+    v_stale := v_now - {{.S}}.wp_ns(p_stale_ns);
+    v_dead := v_now - {{.S}}.wp_ns(p_dead_ns);
+    SELECT array_agg(i.instance_id) INTO v_cand
+      FROM {{.S}}.wp_service_instances i
+     WHERE i.last_heartbeat_at < v_stale;
+    IF v_cand IS NULL THEN
+        RETURN;
+    END IF;
+    v_held := ARRAY(SELECT {{.S}}.wp_held_alive_locks(v_cand));
+    WITH victims AS (
+        SELECT i.instance_id
+          FROM {{.S}}.wp_service_instances i
+         WHERE i.instance_id = ANY (v_cand)
+           AND i.last_heartbeat_at < v_stale
+           AND (i.last_heartbeat_at < v_dead OR NOT (i.instance_id = ANY (v_held)))
+         ORDER BY i.instance_id
+           FOR UPDATE SKIP LOCKED),
+    d AS (
+        DELETE FROM {{.S}}.wp_service_instances i
+         USING victims v
+         WHERE i.instance_id = v.instance_id
+        RETURNING i.instance_id)
+    SELECT array_agg(d.instance_id ORDER BY d.instance_id) INTO v_gone FROM d;
+    IF v_gone IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM {{.S}}.wp_release_instances(v_gone);
+    PERFORM pg_notify({{.S}}.wp_channel(i.instance_id), 'orphan')
+       FROM {{.S}}.wp_service_instances i;
+    RETURN QUERY SELECT unnest(v_gone);
+END
+$fn$;
+
+-- wp_record_heartbeat upserts the instance row (started_at on first insert,
+-- last_heartbeat_at = now, identity fields refreshed) and, only when another
+-- instance is older than the stale cutoff, runs wp_cleanup_stale_instances.
+-- Returns the evicted ids.
+CREATE FUNCTION {{.S}}.wp_record_heartbeat(
+    p_instance_id  uuid,
+    p_service_name text,
+    p_host_name    text,
+    p_process_id   integer,
+    p_metadata     text,
+    p_stale_ns     bigint,
+    p_dead_ns      bigint,
+    p_now          timestamptz DEFAULT NULL)
+RETURNS SETOF uuid
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := COALESCE(p_now, now());
+BEGIN
+    IF p_stale_ns IS NULL OR p_stale_ns <= 0 OR p_dead_ns IS NULL OR p_dead_ns < p_stale_ns THEN
+        RAISE EXCEPTION 'workpump: wp_record_heartbeat: need 0 < p_stale_ns <= p_dead_ns' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO {{.S}}.wp_service_instances AS i
+        (instance_id, service_name, host_name, process_id, metadata, started_at, last_heartbeat_at)
+    VALUES (p_instance_id, COALESCE(p_service_name, ''), COALESCE(p_host_name, ''), COALESCE(p_process_id, 0),
+            COALESCE(NULLIF(p_metadata, ''), '{}')::json, v_now, v_now)
+    ON CONFLICT (instance_id) DO UPDATE
+       SET service_name = EXCLUDED.service_name, host_name = EXCLUDED.host_name,
+           process_id = EXCLUDED.process_id, metadata = EXCLUDED.metadata,
+           last_heartbeat_at = EXCLUDED.last_heartbeat_at;
+    IF EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i
+                WHERE i.instance_id <> p_instance_id
+                  AND i.last_heartbeat_at < v_now - {{.S}}.wp_ns(p_stale_ns)) THEN
+        RETURN QUERY SELECT * FROM {{.S}}.wp_cleanup_stale_instances(p_stale_ns, p_dead_ns, v_now);
+    END IF;
+END
+$fn$;
+
+-- wp_deregister releases every lease and stream p_instance_id holds, deletes
+-- its row and NOTIFYs the survivors 'orphan' (graceful shutdown). Returns
+-- false when the instance was not registered (then nothing is changed).
+CREATE FUNCTION {{.S}}.wp_deregister(p_instance_id uuid, p_now timestamptz DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    DELETE FROM {{.S}}.wp_service_instances i WHERE i.instance_id = p_instance_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM {{.S}}.wp_release_instances(ARRAY[p_instance_id]);
+    PERFORM pg_notify({{.S}}.wp_channel(i.instance_id), 'orphan')
+       FROM {{.S}}.wp_service_instances i;
+    RETURN true;
+END
+$fn$;
+
+-- wp_purge removes history: processed rows (inbox dedupe records) processed
+-- before now - p_processed_ns, dead letters older than now - p_dead_ns, and
+-- claimed stream rows whose lease ended before now - p_streams_ns (released
+-- streams have no lease and always qualify). A null or zero age skips that
+-- purge. Stream rows locked by an open enqueue or claim are skipped.
+CREATE FUNCTION {{.S}}.wp_purge(
+    p_processed_ns bigint,
+    p_dead_ns      bigint,
+    p_streams_ns   bigint,
+    p_now          timestamptz DEFAULT NULL)
+RETURNS TABLE (processed integer, dead_letters integer, streams integer)
+LANGUAGE plpgsql
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := COALESCE(p_now, now());
+    v_p   integer := 0;
+    v_d   integer := 0;
+    v_s   integer := 0;
+    v_c   integer;
+BEGIN
+    IF p_processed_ns > 0 THEN
+{{- range .Cats}}{{if .Keeps}}
+        DELETE FROM {{$.S}}.{{.Table}} t
+         WHERE t.{{.Done}} IS NOT NULL AND t.{{.Done}} < v_now - {{$.S}}.wp_ns(p_processed_ns);
+        GET DIAGNOSTICS v_c = ROW_COUNT;
+        v_p := v_p + v_c;
+{{- end}}{{end}}
+    END IF;
+    IF p_dead_ns > 0 THEN
+        DELETE FROM {{.S}}.wp_dead_letters d WHERE d.dead_lettered_at < v_now - {{.S}}.wp_ns(p_dead_ns);
+        GET DIAGNOSTICS v_d = ROW_COUNT;
+    END IF;
+    IF p_streams_ns > 0 THEN
+        DELETE FROM {{.S}}.wp_active_streams a
+         WHERE a.stream_id IN (
+            SELECT s.stream_id FROM {{.S}}.wp_active_streams s
+             WHERE s.claimed_at IS NOT NULL
+               AND (s.lease_expiry IS NULL OR s.lease_expiry < v_now - {{.S}}.wp_ns(p_streams_ns))
+               FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS v_s = ROW_COUNT;
+    END IF;
+    RETURN QUERY SELECT v_p, v_d, v_s;
+END
+$fn$;
+
+-- ---- Inspector functions (read-only) ----
+
+-- wp_get_work returns one row of a category, processed rows included.
+CREATE FUNCTION {{.S}}.wp_get_work(p_category text, p_id uuid)
+RETURNS TABLE (
+    id               uuid,
+    stream_id        text,
+    partition_number integer,
+    name             text,
+    message_type     text,
+    payload          bytea,
+    metadata         json,
+    attempts         integer,
+    seq              bigint,
+    scheduled_for    timestamptz,
+    created_at       timestamptz,
+    lease_expiry     timestamptz,
+    instance_id      uuid,
+    done_at          timestamptz,
+    last_error       text)
+LANGUAGE plpgsql STABLE
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    IF p_category IS NULL OR p_category NOT IN ({{.CatList}}) THEN
+        RAISE EXCEPTION 'workpump: wp_get_work: unknown category %', p_category USING ERRCODE = 'WP002';
+    END IF;
+{{- range .Cats}}
+    IF p_category = '{{.Name}}' THEN
+        RETURN QUERY
+        SELECT t.{{.Key}}, t.stream_id, t.partition_number, t.name, t.message_type, t.payload, t.metadata, t.attempts,
+               t.seq, t.scheduled_for, t.created_at, t.lease_expiry, t.instance_id, t.{{.Done}}, t.last_error
+          FROM {{$.S}}.{{.Table}} t
+         WHERE t.{{.Key}} = p_id;
+    END IF;
+{{- end}}
+END
+$fn$;
+
+-- wp_list_instances lists the registered instances in rank order, with
+-- whether their alive-lock is held right now.
+CREATE FUNCTION {{.S}}.wp_list_instances()
+RETURNS TABLE (
+    instance_id       uuid,
+    service_name      text,
+    host_name         text,
+    process_id        integer,
+    metadata          json,
+    started_at        timestamptz,
+    last_heartbeat_at timestamptz,
+    alive_lock_held   boolean)
+LANGUAGE sql VOLATILE
+AS $fn$
+    WITH ids AS (SELECT array_agg(i.instance_id) AS a FROM {{.S}}.wp_service_instances i),
+    held AS (SELECT {{.S}}.wp_held_alive_locks(ids.a) AS instance_id FROM ids WHERE ids.a IS NOT NULL)
+    SELECT i.instance_id, i.service_name, i.host_name, i.process_id, i.metadata, i.started_at, i.last_heartbeat_at,
+           EXISTS (SELECT 1 FROM held h WHERE h.instance_id = i.instance_id)
+      FROM {{.S}}.wp_service_instances i
+     ORDER BY i.instance_id
+$fn$;
+
+-- wp_list_dead_letters lists dead letters oldest first; p_limit <= 0 means all.
+CREATE FUNCTION {{.S}}.wp_list_dead_letters(p_limit integer)
+RETURNS TABLE (
+    category         text,
+    id               uuid,
+    stream_id        text,
+    partition_number integer,
+    name             text,
+    message_type     text,
+    payload          bytea,
+    metadata         json,
+    attempts         integer,
+    seq              bigint,
+    scheduled_for    timestamptz,
+    created_at       timestamptz,
+    error            text,
+    dead_lettered_at timestamptz)
+LANGUAGE sql STABLE
+AS $fn$
+    SELECT d.category, d.id, d.stream_id, d.partition_number, d.name, d.message_type, d.payload, d.metadata,
+           d.attempts, d.seq, d.scheduled_for, d.created_at, d.error, d.dead_lettered_at
+      FROM {{.S}}.wp_dead_letters d
+     ORDER BY d.dead_lettered_at, d.dead_letter_id
+     LIMIT CASE WHEN p_limit > 0 THEN p_limit END
+$fn$;
+
+-- wp_get_stream_owner returns a stream's ownership row once the stream has
+-- been claimed (rows that only serve as enqueue locks are not reported).
+CREATE FUNCTION {{.S}}.wp_get_stream_owner(p_stream_id text)
+RETURNS TABLE (assigned_instance_id uuid, lease_expiry timestamptz)
+LANGUAGE sql STABLE
+AS $fn$
+    SELECT a.assigned_instance_id, a.lease_expiry
+      FROM {{.S}}.wp_active_streams a
+     WHERE a.stream_id = p_stream_id AND a.claimed_at IS NOT NULL
+$fn$;
+
+-- wp_stats counts each category's rows at now: ready (due, unowned or
+-- expired), scheduled (not due), leased (unexpired), orphaned (expired
+-- lease), processed (kept).
+CREATE FUNCTION {{.S}}.wp_stats(p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (category text, ready bigint, scheduled bigint, leased bigint, orphaned bigint, processed bigint)
+LANGUAGE sql STABLE
+AS $fn$
+{{- range $i, $c := .Cats}}{{if $i}}
+    UNION ALL{{end}}
+    SELECT '{{.Name}}'::text,
+           count(*) FILTER (WHERE t.{{.Done}} IS NULL AND (t.scheduled_for IS NULL OR t.scheduled_for <= x.now)
+                              AND (t.instance_id IS NULL OR t.lease_expiry < x.now)),
+           count(*) FILTER (WHERE t.{{.Done}} IS NULL AND t.scheduled_for > x.now),
+           count(*) FILTER (WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry >= x.now),
+           count(*) FILTER (WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry < x.now),
+           count(*) FILTER (WHERE t.{{.Done}} IS NOT NULL)
+      FROM {{$.S}}.{{.Table}} t
+     CROSS JOIN (SELECT COALESCE(p_now, now()) AS now) x
+{{- end}}
+$fn$;
+
+-- wp_stats_leases counts unexpired leases per instance and category.
+CREATE FUNCTION {{.S}}.wp_stats_leases(p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (instance_id uuid, category text, leases bigint)
+LANGUAGE sql STABLE
+AS $fn$
+{{- range $i, $c := .Cats}}{{if $i}}
+    UNION ALL{{end}}
+    SELECT t.instance_id, '{{.Name}}'::text, count(*)
+      FROM {{$.S}}.{{.Table}} t
+     WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry >= COALESCE(p_now, now())
+     GROUP BY t.instance_id
+{{- end}}
+$fn$;
