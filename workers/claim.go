@@ -121,7 +121,9 @@ func ClaimStartedAt(ctx context.Context) (time.Time, bool) {
 // NotifyHealthyPollInterval when the gate is healthy and that is larger.
 // While the gate is unavailable the wait is pinned to PollInterval; while it
 // is healthy and the safety-net poll is disabled the worker waits only for
-// a signal. A MaxPollInterval <= base disables backoff. HasMore claims again
+// a signal (a failed claim is still retried on the tight backoff). A
+// heartbeat that fails before the first claim is retried on the tight
+// backoff too. A MaxPollInterval <= base disables backoff. HasMore claims again
 // at once. RequestImmediatePoll and every signal end a wait at once, at any
 // backoff depth; wakes that arrive before a claim starts are all served by
 // it, and wakes during a claim cause exactly one more claim.
@@ -277,6 +279,17 @@ func (w *ClaimWorker) nextWait(emptyPolls int) (wait time.Duration, untilSignal 
 	return backoff(base, w.opts.MaxPollInterval, emptyPolls), false
 }
 
+// waitAfter is nextWait for a tick that failed or not: a failed claim may
+// have missed signalled work, so it is retried on the tight backoff even in
+// signal-only mode.
+func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, bool) {
+	d, untilSignal := w.nextWait(emptyPolls)
+	if failed && untilSignal {
+		return backoff(w.opts.PollInterval, w.opts.MaxPollInterval, emptyPolls), false
+	}
+	return d, untilSignal
+}
+
 // noteGate feeds one observation of the gate into the state machine and
 // fires the reconnect catch-up on a real unavailable→available transition.
 func (w *ClaimWorker) noteGate(up bool) {
@@ -425,7 +438,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 					return
 				}
 				emptyPolls++
-				d, _ := w.nextWait(emptyPolls)
+				d := backoff(w.opts.PollInterval, w.opts.MaxPollInterval, emptyPolls)
 				w.logger.Error("heartbeat before claim failed; not claiming", "retry_in", d, "error", err)
 				if !sleepCtx(ctx, d) {
 					return
@@ -485,7 +498,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		var wait time.Duration
 		var untilSignal bool
 		if !res.HasMore {
-			wait, untilSignal = w.nextWait(emptyPolls)
+			wait, untilSignal = w.waitAfter(emptyPolls, err != nil)
 		}
 		if w.hooks.OnPoll != nil {
 			w.hooks.OnPoll(PollEvent{Start: start, Items: len(res.Work), HasMore: res.HasMore, Err: err,
@@ -504,7 +517,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 				continue
 			}
 		}
-		wait, untilSignal = w.nextWait(emptyPolls)
+		wait, untilSignal = w.waitAfter(emptyPolls, err != nil)
 		if !w.waitFor(ctx, wait, untilSignal) {
 			return
 		}

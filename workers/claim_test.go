@@ -288,6 +288,24 @@ func TestClaimNotifyOnlyMode(t *testing.T) {
 	})
 }
 
+func TestClaimNotifyOnlyRetriesFailedClaims(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			if n <= 3 {
+				return driver.ClaimResult{}, errors.New("connection reset")
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, ClaimOptions{DisableSafetyNetPoll: true}, sub, nil)
+		r.start()
+		time.Sleep(time.Hour)
+		stop(t, r.w)
+		// Three failures retried at 250, 500 ms; the success then waits for a signal.
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, ms(250), ms(750), ms(1750)})
+	})
+}
+
 func TestClaimWakeBypassesMaxBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newClaimRig(t, nil, tightNoSub, nil, nil)
