@@ -53,7 +53,6 @@ type Pump struct {
 	disp     *dispatcher
 	complete *workers.BatchFlusher[driver.Ref]
 	fail     *workers.BatchFlusher[driver.Failure]
-	gateDone chan struct{}
 
 	stats pumpCounters
 }
@@ -171,7 +170,7 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 		} else {
 			p.sub = sub
 			lock = sub
-			signals = p.watchGate(sub)
+			signals = sub
 		}
 	}
 	instance := driver.Instance{ID: o.ID, ServiceName: o.ServiceName, Host: o.Host, PID: o.PID, Metadata: o.Metadata}
@@ -222,11 +221,24 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	p.claim, err = workers.NewClaimWorker(workers.ClaimConfig{
 		Coordinator: p.coord, InstanceID: o.ID, Options: o.Claim, Categories: cats,
 		Heartbeat: p.hb.Beat, Signals: signals, Sink: p.disp.submit, Capacity: p.disp.capacity, Logger: p.log,
-		Hooks: workers.ClaimHooks{OnPoll: func(e workers.PollEvent) {
-			if e.Items > 0 && o.Hooks.BatchClaimed != nil {
-				o.Hooks.BatchClaimed(e.Items, e.HasMore)
-			}
-		}},
+		Hooks: workers.ClaimHooks{
+			OnPoll: func(e workers.PollEvent) {
+				if e.Items > 0 && o.Hooks.BatchClaimed != nil {
+					o.Hooks.BatchClaimed(e.Items, e.HasMore)
+				}
+			},
+			OnGateChange: func(up bool) {
+				if !up {
+					// The listener took the alive-lock with it: beat now
+					// at the fast cadence, before peers see this instance
+					// stale and unlocked and evict it.
+					p.hb.Recheck()
+				}
+				if o.Hooks.GateChanged != nil {
+					o.Hooks.GateChanged(up)
+				}
+			},
+		},
 	})
 	if err != nil {
 		return err
@@ -239,42 +251,6 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	p.disp.start()
 	return p.claim.Start(ctx)
 }
-
-// watchGate forwards the subscription's signals to the claim worker and
-// reports gate changes to the GateChanged hook on the way.
-func (p *Pump) watchGate(sub driver.Subscription) workers.SignalSource {
-	hook := p.opts.Hooks.GateChanged
-	if hook == nil {
-		return sub
-	}
-	out := make(chan driver.Signal, cap(sub.Signals())+1)
-	p.gateDone = make(chan struct{})
-	go func() {
-		defer close(p.gateDone)
-		defer close(out)
-		for s := range sub.Signals() {
-			switch s.Kind {
-			case driver.SignalGateAvailable:
-				hook(true)
-			case driver.SignalGateUnavailable:
-				hook(false)
-			}
-			select {
-			case out <- s:
-			default: // coalesce: the claim loop only needs one wake-up
-			}
-		}
-	}()
-	return forwardedSignals{sub: sub, ch: out}
-}
-
-type forwardedSignals struct {
-	sub driver.Subscription
-	ch  chan driver.Signal
-}
-
-func (f forwardedSignals) Signals() <-chan driver.Signal { return f.ch }
-func (f forwardedSignals) Available() bool               { return f.sub.Available() }
 
 func (p *Pump) requestPoll() {
 	if p.claim != nil {
@@ -356,9 +332,6 @@ func (p *Pump) teardown(ctx context.Context) error {
 	}
 	if p.sub != nil {
 		keep(p.sub.Close())
-		if p.gateDone != nil {
-			<-p.gateDone
-		}
 	}
 	return errors.Join(errs...)
 }
