@@ -42,11 +42,21 @@ type Store struct {
 type Faults interface {
 	// KillListener ends instanceID's listener connection abruptly, as a
 	// crashed process would: its alive-lock is released and no deregister
-	// runs. The subscription then reports the gate unavailable.
+	// runs. The subscription then reports the gate unavailable. Like a dead
+	// process it must not reconnect (and retake the lock) afterwards.
 	KillListener(instanceID uuid.UUID) error
 	// HoldAliveLock takes instanceID's alive-lock from a separate session, as
 	// a half-open peer's server-side session would keep it. release gives it up.
 	HoldAliveLock(instanceID uuid.UUID) (release func(), err error)
+}
+
+// ListenerInterrupter is optionally implemented by a Faults value: it breaks
+// instanceID's listener connection the way a network blip does. The process
+// lives on, so its subscription reports the gate unavailable, reconnects by
+// itself and reports it available again. Cases that need it are skipped when
+// the harness's Faults does not implement it.
+type ListenerInterrupter interface {
+	InterruptListener(instanceID uuid.UUID) error
 }
 
 // Capabilities declares what optional parts of the contract a driver has.

@@ -16,6 +16,7 @@ func signalCases() []testCase {
 		{name: "Signals/CleanupSendsOrphanToSurvivors", needs: needSignals, run: signalCleanupOrphan},
 		{name: "Signals/DeregisterSendsOrphanToSurvivors", needs: needSignals, run: signalDeregisterOrphan},
 		{name: "Signals/KilledListenerReportsGateUnavailable", needs: needSignals | needFaults, run: signalKilled},
+		{name: "Signals/InterruptedListenerReconnects", needs: needSignals | needFaults, run: signalInterrupted},
 	}
 }
 
@@ -160,6 +161,26 @@ func signalKilled(e *env) {
 		// A reconnecting subscription may already be back; then it must say so.
 		e.waitSignal(sub, "A", func(s driver.Signal) bool { return s.Kind == driver.SignalGateAvailable })
 	}
+}
+
+func signalInterrupted(e *env) {
+	blip, ok := e.store.Faults.(ListenerInterrupter)
+	if !ok {
+		e.t.Skipf("the harness's Faults (%T) does not implement conformance.ListenerInterrupter", e.store.Faults)
+	}
+	a := e.instances(1)[0]
+	sub := e.listen(a)
+	if err := blip.InterruptListener(a); err != nil {
+		e.t.Fatalf("InterruptListener: %v", err)
+	}
+	e.waitSignal(sub, "A", func(s driver.Signal) bool { return s.Kind == driver.SignalGateUnavailable })
+	e.waitSignal(sub, "A", func(s driver.Signal) bool { return s.Kind == driver.SignalGateAvailable })
+	if !sub.Available() {
+		e.t.Fatal("Available is false after SignalGateAvailable")
+	}
+	// Signals flow again after the reconnect.
+	e.enqueue(item(driver.Receptor, "after-blip"))
+	e.wantWake(sub, "A", work(driver.Receptor))
 }
 
 // ---- inspector ----

@@ -36,6 +36,14 @@ func (f faults) KillListener(id uuid.UUID) error {
 	return nil
 }
 
+// InterruptListener drops the listener and lets it reconnect at once, as a
+// network blip: the subscription sees the gate go and come back.
+func (f faults) InterruptListener(id uuid.UUID) error {
+	f.s.DropListener(id)
+	f.s.RestoreListener(id)
+	return nil
+}
+
 func (f faults) HoldAliveLock(id uuid.UUID) (func(), error) {
 	return f.s.HoldAliveLock(id), nil
 }
