@@ -94,6 +94,7 @@ func allCases() []testCase {
 		deregisterCases(),
 		signalCases(),
 		inspectorCases(),
+		purgeCases(),
 		concurrencyCases(),
 	} {
 		cs = append(cs, group...)
