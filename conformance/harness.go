@@ -9,6 +9,15 @@
 // asserts the resulting state through driver.Inspector. Cases that need an
 // optional capability are skipped with a reason when the harness does not
 // declare it; the suite never asks which driver it is testing.
+//
+// Cases are named "Group/Case" after the rule they pin (see driver's package
+// doc), so `go test -run 'Conformance/Streams/'` runs one group. Each case
+// has its own store and clock, moves time only through the clock, and runs
+// in parallel with the others. Randomized cases log their seed; set
+// WORKPUMP_CONFORMANCE_SEED to replay one.
+//
+// RunBenchmarks measures claim+complete throughput and idle-claim cost; it
+// needs the harness to implement BenchmarkHarness as well.
 package conformance
 
 import (

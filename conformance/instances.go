@@ -512,7 +512,7 @@ func deregisterCases() []testCase {
 		{name: "Deregister/PeerClaimsAtOnce", run: deregisterPeerClaims},
 		{name: "Deregister/ThenClaimIsUnknownInstance", run: deregisterThenClaim},
 		{name: "Deregister/UnknownInstanceIsNoError", run: deregisterUnknown},
-		rejectCase("Deregister/RejectsNilID", driver.ErrInvalidArgument, "", func(e *env, f *fixture) error {
+		rejectCase("Deregister/RejectsNilID", driver.ErrInvalidArgument, "instance", func(e *env, f *fixture) error {
 			return e.c.Deregister(e.ctx, uuid.Nil)
 		}),
 	}

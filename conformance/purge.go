@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -87,10 +88,16 @@ func purgeProcessed(e *env) {
 // killRow enqueues an outbox row and dead-letters it at once.
 func (e *env) killRow(inst uuid.UUID, msg string) driver.NewWork {
 	e.t.Helper()
-	w := item(driver.Outbox, "")
+	w := e.streamlessFor(driver.Outbox, e.instanceIDs(), inst) // one inst's rank claims
 	e.enqueue(w)
-	got := e.claim(inst, driver.Outbox).Work
-	e.wantIDs("claim of the row to dead-letter", got, w.ID)
+	all := e.claim(inst, driver.Outbox).Work
+	got := pick(all, w.ID)
+	if len(got) != 1 {
+		e.t.Fatalf("claim of the row to dead-letter handed out %v, want it to include %s", shortIDs(idsOf(all)), short(w.ID))
+	}
+	if len(all) > 1 { // other ready rows of inst's rank: give them back
+		e.release(inst, refsOf(slices.DeleteFunc(all, func(x driver.Work) bool { return x.ID == w.ID }))...)
+	}
 	req := failReq(inst, driver.Failure{Ref: got[0].Ref(), Error: msg})
 	req.MaxAttempts = 1
 	e.wantAck("Fail at MaxAttempts 1", e.fail(req), 1, nil, []driver.Ref{got[0].Ref()})

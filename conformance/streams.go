@@ -316,6 +316,7 @@ type sim struct {
 	live  []uuid.UUID
 	lease time.Duration
 	steps int
+	count map[string]int // operations that did something, for the log
 }
 
 // held reports whether r is leased with a live lease in the model.
@@ -395,7 +396,8 @@ func (s *sim) ref(r *simRow) driver.Ref {
 
 func streamSimulation(e *env) {
 	rng := newRand(e.t)
-	s := &sim{e: e, rows: map[uuid.UUID]*simRow{}, lease: 2*time.Minute + time.Microsecond}
+	s := &sim{e: e, rows: map[uuid.UUID]*simRow{}, lease: 2*time.Minute + time.Microsecond, count: map[string]int{}}
+	defer func() { e.t.Logf("simulation: %d rows, operations %v", len(s.order), s.count) }()
 	s.live = e.instances(2)
 	pick := func(ids []uuid.UUID) uuid.UUID { return ids[rng.IntN(len(ids))] }
 	for s.steps = 0; s.steps < 400; s.steps++ {
@@ -427,7 +429,9 @@ func streamSimulation(e *env) {
 				s.order = append(s.order, r)
 			}
 		case op < 50:
-			s.claim(pick(s.live), 1+rng.IntN(4))
+			if len(s.claim(pick(s.live), 1+rng.IntN(4))) > 0 {
+				s.count["claims"]++
+			}
 		case op < 65: // complete some of what an instance holds
 			inst := pick(s.live)
 			held := s.heldBy(inst)
@@ -443,6 +447,7 @@ func streamSimulation(e *env) {
 			for _, r := range held[:n] {
 				r.done = true
 			}
+			s.count["completes"]++
 		case op < 71: // fail one held row
 			inst := pick(s.live)
 			held := s.heldBy(inst)
@@ -453,6 +458,7 @@ func streamSimulation(e *env) {
 			after := time.Duration(1+rng.IntN(150)) * time.Second
 			e.wantAck("Fail of a held row", e.fail(failReq(inst, driver.Failure{Ref: s.ref(r), Error: "sim", RetryAfter: after})), 1, nil, nil)
 			r.holder, r.due = uuid.Nil, e.now().Add(after)
+			s.count["fails"]++
 		case op < 76: // release one held row
 			inst := pick(s.live)
 			held := s.heldBy(inst)
@@ -462,12 +468,14 @@ func streamSimulation(e *env) {
 			r := held[rng.IntN(len(held))]
 			e.wantAck("Release of a held row", e.release(inst, s.ref(r)), 1, nil, nil)
 			r.holder, r.attempts, r.released = uuid.Nil, r.attempts-1, true
+			s.count["releases"]++
 		case op < 88:
 			e.advance(time.Duration(1+rng.IntN(90_000)) * time.Millisecond)
 		case op < 92: // an instance joins, anywhere in rank order
 			id := uuid.New()
 			e.register(id)
 			s.live = append(s.live, id)
+			s.count["joins"]++
 		case op < 96: // an instance leaves gracefully
 			if len(s.live) < 2 {
 				continue
@@ -476,6 +484,7 @@ func streamSimulation(e *env) {
 			e.deregister(s.live[i])
 			s.releaseAll(s.live[i])
 			s.live = append(s.live[:i], s.live[i+1:]...)
+			s.count["leaves"]++
 		default: // an instance dies and is evicted as stale
 			if len(s.live) < 2 {
 				continue
@@ -490,6 +499,7 @@ func streamSimulation(e *env) {
 			}
 			s.releaseAll(dead)
 			s.live = rest
+			s.count["evictions"]++
 		}
 	}
 	// Drain: everything must eventually be handed out and completed.
