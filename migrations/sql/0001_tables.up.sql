@@ -1,6 +1,7 @@
 -- workpump schema, version 1: tables and indexes.
 --
--- Rendered by migrations.Render: {{"{{"}}.S{{"}}"}} is the quoted schema name. Every work
+-- Rendered by migrations.Render (text/template; .S is the quoted schema
+-- name, .Cats the four work categories). Every work
 -- table has the same shape; the category decides the key column name, the
 -- done column (receptor rows track completed_at, the others processed_at)
 -- and whether the order scope includes name (perspective events).
@@ -24,24 +25,28 @@ CREATE TABLE {{$.S}}.{{.Table}} (
     instance_id      uuid,
     lease_expiry     timestamptz,
     attempts         integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    handed_out       boolean     NOT NULL DEFAULT false,
+    claim_count      integer     NOT NULL DEFAULT 0,
     last_error       text,
     {{.Done}}     timestamptz,
-    CONSTRAINT {{.Table}}_lease_pair CHECK ((instance_id IS NULL) = (lease_expiry IS NULL))
+    CONSTRAINT {{.Table}}_lease_pair CHECK ((instance_id IS NULL) = (lease_expiry IS NULL)),
+    -- A done row never holds a lease: fenced lookups by (key, attempts,
+    -- instance) need no done test, which keeps them on the primary key.
+    CONSTRAINT {{.Table}}_done_unleased CHECK ({{.Done}} IS NULL OR instance_id IS NULL)
 );
 
 COMMENT ON TABLE {{$.S}}.{{.Table}} IS 'workpump: {{.Name}} work ({{.NameMeaning}} in name)';
 
--- Claim sources. A pending row is in exactly one of the first three: fresh
--- (never leased since enqueue/release, no schedule), scheduled-and-unleased,
--- or leased. The claim merges them by seq, so its cost follows the rows it
--- looks at, not the backlog.
+-- Claim sources. A pending row is either fresh (never leased since
+-- enqueue or release, no schedule: claimable as soon as it routes to the
+-- caller) or waiting for a time: its schedule when unleased, its lease
+-- expiry when leased. The claim merges the fresh rows (in seq order) with
+-- the waiting rows whose time has come, so its cost follows the rows it
+-- looks at, not the backlog; the idle check is one probe into each index.
 CREATE INDEX {{.Table}}_fresh ON {{$.S}}.{{.Table}} (seq)
     WHERE {{.Done}} IS NULL AND instance_id IS NULL AND scheduled_for IS NULL;
-CREATE INDEX {{.Table}}_scheduled ON {{$.S}}.{{.Table}} (scheduled_for)
-    WHERE {{.Done}} IS NULL AND instance_id IS NULL AND scheduled_for IS NOT NULL;
-CREATE INDEX {{.Table}}_leased ON {{$.S}}.{{.Table}} (lease_expiry)
-    WHERE {{.Done}} IS NULL AND instance_id IS NOT NULL;
+CREATE INDEX {{.Table}}_wake ON {{$.S}}.{{.Table}}
+    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END))
+    WHERE {{.Done}} IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 -- Rows that can block later rows of their order scope (leased, or carrying
 -- a schedule). Fresh rows never block, so this index stays small.
 CREATE INDEX {{.Table}}_blockers ON {{$.S}}.{{.Table}} (stream_id, {{if .ByName}}name, {{end}}seq)

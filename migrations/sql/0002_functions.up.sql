@@ -1,16 +1,25 @@
 -- workpump schema, version 2: the SQL functions every Postgres driver calls.
 --
 -- Conventions:
+--  * Write functions run with enable_seqscan = off: their statements address
+--    rows by key, ctid or partial index, and the planner must not trade that
+--    for a scan of the table because a statistic is stale or an array-derived
+--    row count is a guess.
 --  * Every function takes p_now timestamptz DEFAULT NULL and works at
 --    COALESCE(p_now, now()): the database clock unless a test harness injects one.
 --  * Durations are bigint nanoseconds (Go time.Duration); stored times are
 --    truncated to microseconds, as Go's Truncate(time.Microsecond) would.
 --  * Errors: SQLSTATE WP001 unknown instance, WP002 unknown category, WP003
 --    category not renewable, 22023 invalid argument.
---  * Lock order, to stay deadlock-free: stream rows (sorted) before work
---    rows; work tables in the fixed order outbox, inbox, perspective_event,
---    receptor; rows within a table by key. ClaimWork never waits on a work
---    row or a stream row (SKIP LOCKED), so it can never be part of a cycle.
+--  * Lock order, to stay deadlock-free: work tables in the fixed order
+--    outbox, inbox, perspective_event, receptor, rows within a table by key,
+--    then stream rows sorted by stream_id. ClaimWork locks streams first but
+--    never waits on a work row or a stream row (SKIP LOCKED), so it cannot
+--    be part of a cycle.
+--  * Partial indexes are only used where meant: a lookup by key or stream
+--    writes a test like (instance_id = x) IS TRUE, which the planner cannot
+--    use to prove a partial index predicate, so a stale statistic can never
+--    turn a key lookup into a walk over every leased row.
 
 -- wp_channel is the LISTEN/NOTIFY channel of one instance in this schema.
 -- The schema tag keeps two schemas in one database from waking each other.
@@ -41,25 +50,30 @@ AS $fn$
            AND l.objid = (k.key & 4294967295)::oid)
 $fn$;
 
+-- wp_ns converts nanoseconds to an interval truncated to microseconds. The
+-- interval is built from hours and seconds only (never days or months), so
+-- adding it to a timestamptz means elapsed time whatever the session time
+-- zone, and it is exact over the whole range of a Go time.Duration.
+CREATE FUNCTION {{.S}}.wp_ns(p_ns bigint) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $fn$
+    SELECT make_interval(hours => (p_ns / 3600000000000)::integer, secs => ((p_ns / 1000) % 3600000000) / 1000000.0)
+$fn$;
+
 -- wp_retry_delay mirrors driver.RetryDelay: min(base << min(attempts, 10), max),
 -- computed in nanoseconds without overflow and returned at microsecond precision.
 CREATE FUNCTION {{.S}}.wp_retry_delay(p_attempts integer, p_base_ns bigint, p_max_ns bigint) RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $fn$
-    SELECT ((CASE WHEN p_base_ns <= 0 OR p_base_ns > (p_max_ns >> a) THEN p_max_ns ELSE p_base_ns << a END) / 1000)
-           * interval '1 microsecond'
-      FROM (SELECT least(greatest(p_attempts, 0), 10) AS a) x
+    SELECT {{.S}}.wp_ns(CASE WHEN p_base_ns <= 0 OR p_base_ns > (p_max_ns >> least(greatest(p_attempts, 0), 10))
+                             THEN p_max_ns ELSE p_base_ns << least(greatest(p_attempts, 0), 10) END)
 $fn$;
-
--- wp_ns converts nanoseconds to an interval truncated to microseconds.
-CREATE FUNCTION {{.S}}.wp_ns(p_ns bigint) RETURNS interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $fn$ SELECT (p_ns / 1000) * interval '1 microsecond' $fn$;
 
 -- wp_release_instances clears every lease and stream ownership held by
 -- p_ids (attempts unchanged) and returns how many work rows it released.
 CREATE FUNCTION {{.S}}.wp_release_instances(p_ids uuid[]) RETURNS integer
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -112,6 +126,7 @@ CREATE FUNCTION {{.S}}.wp_enqueue(
     p_now           timestamptz DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -182,11 +197,13 @@ BEGIN
         IF v_live IS NOT NULL THEN
             PERFORM pg_notify({{.S}}.wp_channel(x.target), x.cat)
                FROM (SELECT DISTINCT u.cat,
-                            COALESCE(own.assigned_instance_id, v_live[(u.part % cardinality(v_live)) + 1]) AS target
-                       FROM unnest(w_cat, w_stream, w_part) AS u(cat, stream_id, part)
-                       LEFT JOIN {{.S}}.wp_active_streams own
-                         ON u.stream_id <> '' AND own.stream_id = u.stream_id
-                        AND own.assigned_instance_id = ANY (v_live) AND own.lease_expiry >= v_now) x;
+                            COALESCE(CASE WHEN u.stream_id <> '' THEN
+                                         (SELECT own.assigned_instance_id
+                                            FROM {{.S}}.wp_active_streams own
+                                           WHERE own.stream_id = u.stream_id AND own.lease_expiry >= v_now
+                                             AND (own.assigned_instance_id = ANY (v_live)) IS TRUE) END,
+                                     v_live[(u.part % cardinality(v_live)) + 1]) AS target
+                       FROM unnest(w_cat, w_stream, w_part) AS u(cat, stream_id, part)) x;
         END IF;
     END IF;
     RETURN v_total;
@@ -203,15 +220,19 @@ $fn$;
 --  * order: a row is taken only if no earlier pending row of its order scope
 --    is leased (lease >= now) or scheduled in the future, and every earlier
 --    claimable row of the scope is taken in the same call;
---  * at most p_max rows per category; attempts+1, handed_out, lease set;
---    each stream a row is taken from gets owner = caller, lease = now+lease.
--- Nothing claimable means nothing written: cheap EXISTS probes on the
--- partial indexes decide first, and every write comes after candidates exist.
--- Order safety under races: after choosing candidates, their stream rows are
--- locked FOR UPDATE SKIP LOCKED (a concurrent claimer or an open enqueue of
--- the stream makes it skip the stream), then the rows are re-checked and
--- locked under a new snapshot, and a candidate that can no longer be taken
--- drops every later candidate of its scope.
+--  * at most p_max rows per category; attempts+1, claim_count+1 (orphaned
+--    when the row had been claimed before), lease = now+lease; each stream a
+--    row is taken from gets owner = caller, stream lease = now+lease.
+-- Nothing claimable means nothing written: cheap probes on the partial
+-- indexes decide first, and every write comes after candidates exist.
+-- Order safety under races: after choosing candidates (one snapshot), their
+-- stream rows are locked FOR UPDATE SKIP LOCKED (a concurrent claimer or an
+-- open enqueue of the stream makes this claim skip the stream), then the rows
+-- are re-checked and locked under a new snapshot, and a candidate that can no
+-- longer be taken drops every later candidate of its scope.
+-- Plans avoid joins between array-derived sets (their row estimates are
+-- guesses): per-row lookups are correlated index probes, and the common
+-- paths (every stream locked, every row locked) skip the gap bookkeeping.
 CREATE FUNCTION {{.S}}.wp_claim_work(
     p_instance_id uuid,
     p_categories  text[],
@@ -234,19 +255,25 @@ RETURNS TABLE (
     lease_expiry     timestamptz,
     orphaned         boolean)
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := COALESCE(p_now, now());
-    v_exp     timestamptz;
-    v_rank    integer;
-    v_live    integer;
-    v_found   boolean;
-    v_streams text[];
-    v_owned   text[] := '{}';
+    v_now      timestamptz := COALESCE(p_now, now());
+    v_exp      timestamptz;
+    v_rank     integer;
+    v_live     integer;
+    v_live_ids uuid[];
+    v_found    boolean;
+    v_streams  text[];
+    v_owned    text[] := '{}';
+    v_all      boolean;
+    v_tids     tid[];
+    v_got      uuid[];
 {{- range .Cats}}
     v_{{.Name}}     boolean;
     c_{{.Name}}_id     uuid[];
+    c_{{.Name}}_tid    tid[];
     c_{{.Name}}_seq    bigint[];
     c_{{.Name}}_stream text[];
     c_{{.Name}}_name   text[];
@@ -258,71 +285,79 @@ BEGIN
     IF p_max IS NULL OR p_max <= 0 THEN
         RAISE EXCEPTION 'workpump: wp_claim_work: p_max must be > 0' USING ERRCODE = '22023';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(p_categories) c WHERE c IS NULL OR c NOT IN ({{.CatList}})) THEN
+    v_exp := v_now + {{.S}}.wp_ns(p_lease_ns);
+    v_all := p_categories IS NULL OR cardinality(p_categories) = 0;
+    IF NOT v_all AND NOT (p_categories <@ ARRAY[{{.CatList}}]) THEN
         RAISE EXCEPTION 'workpump: wp_claim_work: unknown category in p_categories' USING ERRCODE = 'WP002';
     END IF;
-    v_exp := v_now + {{.S}}.wp_ns(p_lease_ns);
 
-    SELECT count(*) FILTER (WHERE i.instance_id < p_instance_id), count(*), bool_or(i.instance_id = p_instance_id)
-      INTO v_rank, v_live, v_found
-      FROM {{.S}}.wp_service_instances i;
-    IF v_found IS NOT TRUE THEN
+    -- Registration check and idle short-circuit in one statement: one index
+    -- probe per claim source and category. The fresh probe is an ordered
+    -- LIMIT 1 so that it always walks the partial index (a seq scan would
+    -- read every leased row first).
+    SELECT EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i WHERE i.instance_id = p_instance_id),
+{{- range $i, $c := .Cats}}{{if $i}},{{end}}
+        (v_all OR '{{.Name}}' = ANY (p_categories)) AND (
+            (SELECT t.seq FROM {{$.S}}.{{.Table}} t
+              WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL
+              ORDER BY t.seq LIMIT 1) IS NOT NULL
+         OR EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
+                     WHERE t.{{.Done}} IS NULL AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)
+                       AND (CASE WHEN t.instance_id IS NULL THEN t.scheduled_for ELSE t.lease_expiry END) <= v_now))
+{{- end}}
+      INTO v_found, {{range $i, $c := .Cats}}{{if $i}}, {{end}}v_{{.Name}}{{end}};
+    IF NOT v_found THEN
         RAISE EXCEPTION 'workpump: instance % is not registered', p_instance_id USING ERRCODE = 'WP001';
     END IF;
-
-    -- Idle short-circuit: one probe per claim source and category.
-    SELECT
-{{- range $i, $c := .Cats}}{{if $i}},{{end}}
-        (cardinality(p_categories) IS NOT DISTINCT FROM 0 OR p_categories IS NULL OR '{{.Name}}' = ANY (p_categories)) AND (
-            EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
-                     WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL)
-         OR EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
-                     WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NOT NULL
-                       AND t.scheduled_for <= v_now)
-         OR EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
-                     WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry < v_now))
-{{- end}}
-      INTO {{range $i, $c := .Cats}}{{if $i}}, {{end}}v_{{.Name}}{{end}};
     IF NOT ({{range $i, $c := .Cats}}{{if $i}} OR {{end}}v_{{.Name}}{{end}}) THEN
         RETURN;
     END IF;
+
+    SELECT array_agg(i.instance_id ORDER BY i.instance_id) INTO v_live_ids FROM {{.S}}.wp_service_instances i;
+    v_rank := array_position(v_live_ids, p_instance_id) - 1;
+    v_live := cardinality(v_live_ids);
+    IF v_rank IS NULL THEN
+        RAISE EXCEPTION 'workpump: instance % is not registered', p_instance_id USING ERRCODE = 'WP001';
+    END IF;
 {{range .Cats}}
     IF v_{{.Name}} THEN
-        SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
+        -- Candidates: the first p_max claimable rows by seq that route to the
+        -- caller and are not blocked in their scope. Sources are merged by
+        -- seq: fresh rows (index order), and waiting rows whose schedule is
+        -- due or whose lease expired (few; sorted).
+        SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
                array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq)
-          INTO c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name
+          INTO c_{{.Name}}_id, c_{{.Name}}_tid, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name
           FROM (
-            SELECT u.k, u.seq, u.stream_id, u.sname
+            SELECT u.k, u.tid, u.seq, u.stream_id, u.sname
               FROM (
-                (SELECT t.{{.Key}} AS k, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}} AS sname, t.partition_number
+                (SELECT t.{{.Key}} AS k, t.ctid AS tid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}} AS sname, t.partition_number
                    FROM {{$.S}}.{{.Table}} t
                   WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL
                   ORDER BY t.seq)
                 UNION ALL
-                (SELECT t.{{.Key}}, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number
+                (SELECT t.{{.Key}}, t.ctid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number
                    FROM {{$.S}}.{{.Table}} t
-                  WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NOT NULL
-                    AND t.scheduled_for <= v_now
-                  ORDER BY t.seq)
-                UNION ALL
-                (SELECT t.{{.Key}}, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number
-                   FROM {{$.S}}.{{.Table}} t
-                  WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry < v_now
+                  WHERE t.{{.Done}} IS NULL AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)
+                    AND (CASE WHEN t.instance_id IS NULL THEN t.scheduled_for ELSE t.lease_expiry END) <= v_now
+                    AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
                     AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
                   ORDER BY t.seq)
               ) u
-              LEFT JOIN {{$.S}}.wp_active_streams a
-                ON u.stream_id <> '' AND a.stream_id = u.stream_id
-               AND a.assigned_instance_id IS NOT NULL AND a.lease_expiry >= v_now
-               AND EXISTS (SELECT 1 FROM {{$.S}}.wp_service_instances i WHERE i.instance_id = a.assigned_instance_id)
-             WHERE (CASE WHEN a.stream_id IS NULL THEN u.partition_number % v_live = v_rank
-                         ELSE a.assigned_instance_id = p_instance_id END)
-               AND (u.stream_id = '' OR NOT EXISTS (
-                    SELECT 1 FROM {{$.S}}.{{.Table}} b
-                     WHERE b.stream_id = u.stream_id{{if .ByName}} AND b.name = u.sname{{end}} AND b.seq < u.seq
-                       AND b.{{.Done}} IS NULL AND b.stream_id <> ''
-                       AND (b.instance_id IS NOT NULL OR b.scheduled_for IS NOT NULL)
-                       AND ((b.instance_id IS NOT NULL AND b.lease_expiry >= v_now) OR b.scheduled_for > v_now)))
+             WHERE CASE WHEN u.stream_id = '' THEN u.partition_number % v_live = v_rank
+                   ELSE COALESCE(
+                          (SELECT a.assigned_instance_id = p_instance_id
+                             FROM {{$.S}}.wp_active_streams a
+                            WHERE a.stream_id = u.stream_id AND a.lease_expiry >= v_now
+                              AND (a.assigned_instance_id = ANY (v_live_ids)) IS TRUE),
+                          u.partition_number % v_live = v_rank)
+                        AND NOT EXISTS (
+                          SELECT 1 FROM {{$.S}}.{{.Table}} b
+                           WHERE b.stream_id = u.stream_id{{if .ByName}} AND b.name = u.sname{{end}} AND b.seq < u.seq
+                             AND b.{{.Done}} IS NULL AND b.stream_id <> ''
+                             AND (b.instance_id IS NOT NULL OR b.scheduled_for IS NOT NULL)
+                             AND ((b.instance_id IS NOT NULL AND b.lease_expiry >= v_now) OR b.scheduled_for > v_now))
+                   END
              ORDER BY u.seq
              LIMIT p_max) w;
     END IF;
@@ -353,59 +388,66 @@ BEGIN
               FROM {{.S}}.wp_active_streams a
              WHERE a.stream_id = ANY (v_streams)
                AND (a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
-                    OR a.lease_expiry < v_now
-                    OR NOT EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i
-                                    WHERE i.instance_id = a.assigned_instance_id))
+                    OR a.lease_expiry < v_now OR NOT (a.assigned_instance_id = ANY (v_live_ids)))
              ORDER BY a.stream_id
                FOR UPDATE SKIP LOCKED),
         up AS (
             UPDATE {{.S}}.wp_active_streams a
                SET assigned_instance_id = p_instance_id, lease_expiry = v_exp, claimed_at = v_now
-              FROM lk
-             WHERE a.stream_id = lk.stream_id
+             WHERE a.stream_id = ANY (ARRAY(SELECT lk.stream_id FROM lk))
             RETURNING a.stream_id)
         SELECT COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
     END IF;
 {{range .Cats}}
     IF c_{{.Name}}_id IS NOT NULL THEN
-        RETURN QUERY
-        WITH cand AS (
-            SELECT u.k, u.seq, u.stream_id, u.sname
-              FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS u(k, seq, stream_id, sname)
-             WHERE u.stream_id = ''
-            UNION ALL
-            SELECT u.k, u.seq, u.stream_id, u.sname
-              FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS u(k, seq, stream_id, sname)
-              JOIN unnest(v_owned) AS o(s) ON o.s = u.stream_id),
-        lk AS (
-            SELECT t.ctid AS tid, t.{{.Key}} AS k, t.handed_out
-              FROM cand
-              JOIN {{$.S}}.{{.Table}} t ON t.{{.Key}} = cand.k
-             WHERE t.{{.Done}} IS NULL
+        -- The rows to take: all candidates, unless some stream was skipped.
+        IF cardinality(v_owned) = cardinality(v_streams) THEN
+            v_tids := c_{{.Name}}_tid;
+        ELSE
+            v_tids := ARRAY(
+                SELECT u.tid
+                  FROM unnest(c_{{.Name}}_tid, c_{{.Name}}_stream) AS u(tid, stream_id)
+                 WHERE u.stream_id = '' OR u.stream_id IN (SELECT unnest(v_owned)));
+        END IF;
+        -- Re-check and lock under a fresh snapshot, by ctid (a row updated
+        -- meanwhile is followed to its latest version and re-checked; the
+        -- key test guards against a ctid reused by another row).
+        WITH lk AS (
+            SELECT t.ctid AS tid, t.{{.Key}} AS k
+              FROM {{$.S}}.{{.Table}} t
+             WHERE t.ctid = ANY (v_tids)
+               AND (t.{{.Key}} = ANY (c_{{.Name}}_id)) IS TRUE
+               AND t.{{.Done}} IS NULL
                AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
                AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
-               FOR UPDATE OF t SKIP LOCKED),
-        gap AS (
-            SELECT c.stream_id, c.sname, min(c.seq) AS gseq
-              FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS c(k, seq, stream_id, sname)
-             WHERE c.stream_id <> '' AND NOT EXISTS (SELECT 1 FROM lk WHERE lk.k = c.k)
-             GROUP BY c.stream_id, c.sname),
-        take AS (
-            SELECT lk.tid, lk.k, lk.handed_out
-              FROM lk
-              JOIN cand c ON c.k = lk.k
-              LEFT JOIN gap g ON g.stream_id = c.stream_id AND g.sname = c.sname
-             WHERE g.gseq IS NULL OR c.seq < g.gseq),
-        up AS (
-            UPDATE {{$.S}}.{{.Table}} t
-               SET instance_id = p_instance_id, lease_expiry = v_exp, attempts = t.attempts + 1, handed_out = true
-             WHERE t.ctid = ANY (ARRAY(SELECT take.tid FROM take))
-            RETURNING t.*)
-        SELECT '{{.Name}}'::text, up.{{.Key}}, up.stream_id, up.partition_number, up.name, up.message_type,
-               up.payload, up.metadata, up.attempts, up.seq, up.scheduled_for, up.created_at, up.lease_expiry,
-               take.handed_out
-          FROM up JOIN take ON take.k = up.{{.Key}}
-         ORDER BY up.seq;
+               FOR UPDATE OF t SKIP LOCKED)
+        SELECT array_agg(lk.tid), array_agg(lk.k) INTO v_tids, v_got FROM lk;
+        IF cardinality(v_got) IS DISTINCT FROM cardinality(c_{{.Name}}_id) AND v_got IS NOT NULL THEN
+            -- Some candidate cannot be taken (or its stream was skipped):
+            -- keep a locked row only if no earlier candidate of its scope is
+            -- missing.
+            v_tids := ARRAY(
+                SELECT g.tid
+                  FROM (SELECT c.k, c.seq, c.stream_id, c.sname, l.tid,
+                               min(c.seq) FILTER (WHERE l.tid IS NULL) OVER (PARTITION BY c.stream_id, c.sname) AS gap
+                          FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS c(k, seq, stream_id, sname)
+                          LEFT JOIN unnest(v_got, v_tids) AS l(k, tid) ON l.k = c.k) g
+                 WHERE g.tid IS NOT NULL AND (g.stream_id = '' OR g.gap IS NULL OR g.seq < g.gap));
+        END IF;
+        IF cardinality(v_tids) > 0 THEN
+            RETURN QUERY
+            WITH up AS (
+                UPDATE {{$.S}}.{{.Table}} t
+                   SET instance_id = p_instance_id, lease_expiry = v_exp,
+                       attempts = t.attempts + 1, claim_count = t.claim_count + 1
+                 WHERE t.ctid = ANY (v_tids)
+                RETURNING t.*)
+            SELECT '{{.Name}}'::text, up.{{.Key}}, up.stream_id, up.partition_number, up.name, up.message_type,
+                   up.payload, up.metadata, up.attempts, up.seq, up.scheduled_for, up.created_at, up.lease_expiry,
+                   up.claim_count > 1
+              FROM up
+             ORDER BY up.seq;
+        END IF;
     END IF;
 {{end}}
 END
@@ -423,6 +465,7 @@ CREATE FUNCTION {{.S}}.wp_renew_leases(
     p_now         timestamptz DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -451,7 +494,7 @@ BEGIN
         WITH lk AS (
             SELECT t.ctid AS tid
               FROM {{$.S}}.{{.Table}} t
-             WHERE t.{{.Key}} = ANY (p_ids) AND t.instance_id = p_instance_id AND t.{{.Done}} IS NULL
+             WHERE t.{{.Key}} = ANY (p_ids) AND t.instance_id = p_instance_id
              ORDER BY t.{{.Key}}
                FOR UPDATE),
         up AS (
@@ -470,7 +513,7 @@ BEGIN
         UPDATE {{.S}}.wp_active_streams a
            SET lease_expiry = v_exp
           FROM (SELECT s.stream_id FROM {{.S}}.wp_active_streams s
-                 WHERE s.stream_id = ANY (v_streams) AND s.assigned_instance_id = p_instance_id
+                 WHERE s.stream_id = ANY (v_streams) AND (s.assigned_instance_id = p_instance_id) IS TRUE
                  ORDER BY s.stream_id
                    FOR NO KEY UPDATE SKIP LOCKED) l
          WHERE a.stream_id = l.stream_id;
@@ -484,14 +527,17 @@ $fn$;
 -- wp_settle_streams ends p_instance_id's ownership of those of p_streams in
 -- which it no longer holds a pending leased row in any category, so a stream
 -- goes back to its rank owner between batches instead of sticking to
--- whichever instance claimed it first.
+-- whichever instance claimed it first. (OFFSET 0 keeps each NOT EXISTS a
+-- per-stream index probe: as an anti-join a stale row estimate could make
+-- it scan every blocker row once per stream.)
 CREATE FUNCTION {{.S}}.wp_settle_streams(p_instance_id uuid, p_streams text[]) RETURNS void
 LANGUAGE sql
+SET enable_seqscan = off
 AS $fn$
     UPDATE {{.S}}.wp_active_streams a
        SET assigned_instance_id = NULL, lease_expiry = NULL
       FROM (SELECT s.stream_id FROM {{.S}}.wp_active_streams s
-             WHERE s.stream_id = ANY (p_streams) AND s.assigned_instance_id = p_instance_id
+             WHERE s.stream_id = ANY (p_streams) AND (s.assigned_instance_id = p_instance_id) IS TRUE
              ORDER BY s.stream_id
                FOR NO KEY UPDATE) l
      WHERE a.stream_id = l.stream_id
@@ -499,7 +545,8 @@ AS $fn$
        AND NOT EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
                         WHERE t.stream_id = l.stream_id AND t.{{.Done}} IS NULL AND t.stream_id <> ''
                           AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)
-                          AND t.instance_id = p_instance_id)
+                          AND (t.instance_id = p_instance_id) IS TRUE
+                        OFFSET 0)
 {{- end}}
 $fn$;
 
@@ -516,6 +563,7 @@ CREATE FUNCTION {{.S}}.wp_complete(
     p_now         timestamptz DEFAULT NULL)
 RETURNS TABLE (category text, id uuid)
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -531,14 +579,14 @@ BEGIN
     END IF;
 {{- range .Cats}}
     IF '{{.Name}}' = ANY (p_categories) THEN
-        WITH r AS (
-            SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att) WHERE u.cat = '{{.Name}}'),
-        lk AS (
-            SELECT t.ctid AS tid
-              FROM r JOIN {{$.S}}.{{.Table}} t ON t.{{.Key}} = r.k
-             WHERE t.attempts = r.att AND t.instance_id = p_instance_id AND t.{{.Done}} IS NULL
-             ORDER BY t.{{.Key}}
-               FOR UPDATE OF t),
+        WITH lk AS (
+            SELECT x.tid
+              FROM (SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att)
+                     WHERE u.cat = '{{.Name}}' ORDER BY u.k) r
+             CROSS JOIN LATERAL (
+                SELECT t.ctid AS tid FROM {{$.S}}.{{.Table}} t
+                 WHERE t.{{.Key}} = r.k AND t.attempts = r.att AND t.instance_id = p_instance_id
+                   FOR UPDATE OF t) x),
 {{- if .Keeps}}
         d AS (
             UPDATE {{$.S}}.{{.Table}} t
@@ -584,6 +632,7 @@ CREATE FUNCTION {{.S}}.wp_fail(
     p_now            timestamptz DEFAULT NULL)
 RETURNS TABLE (category text, id uuid, dead boolean)
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -592,9 +641,14 @@ DECLARE
     v_ids     uuid[] := '{}';
     v_dead    boolean[] := '{}';
     v_streams text[] := '{}';
-    x_ids     uuid[];
-    x_dead    boolean[];
     x_streams text[];
+    d_tid     tid[];
+    d_err     text[];
+    d_ids     uuid[];
+    r_tid     tid[];
+    r_err     text[];
+    r_after   bigint[];
+    r_ids     uuid[];
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_categories) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_attempts)
        OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_errors) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_retry_after_ns) THEN
@@ -605,50 +659,57 @@ BEGIN
     END IF;
 {{- range .Cats}}
     IF '{{.Name}}' = ANY (p_categories) THEN
-        WITH f AS (
-            SELECT u.k, u.att, u.err, u.after_ns
-              FROM unnest(p_categories, p_ids, p_attempts, p_errors, p_retry_after_ns) AS u(cat, k, att, err, after_ns)
-             WHERE u.cat = '{{.Name}}'),
-        lk AS (
-            SELECT t.ctid AS tid, t.{{.Key}} AS k, t.attempts, COALESCE(f.err, '') AS err, f.after_ns
-              FROM f JOIN {{$.S}}.{{.Table}} t ON t.{{.Key}} = f.k
-             WHERE t.attempts = f.att AND t.instance_id = p_instance_id AND t.{{.Done}} IS NULL
-             ORDER BY t.{{.Key}}
-               FOR UPDATE OF t),
-        dl AS (
-            DELETE FROM {{$.S}}.{{.Table}} t
-             WHERE t.ctid = ANY (ARRAY(SELECT lk.tid FROM lk WHERE lk.attempts >= p_max_attempts))
-            RETURNING t.*),
-        dli AS (
+        -- Lock the held attempts in key order, then split them into dead
+        -- letters and retries (tid-addressed, so no plan depends on how
+        -- many rows the arrays hold).
+        WITH lk AS (
+            SELECT x.tid, x.k, x.attempts, x.stream_id, f.err, f.after_ns
+              FROM (SELECT u.k, u.att, COALESCE(u.err, '') AS err, u.after_ns
+                      FROM unnest(p_categories, p_ids, p_attempts, p_errors, p_retry_after_ns) AS u(cat, k, att, err, after_ns)
+                     WHERE u.cat = '{{.Name}}' ORDER BY u.k) f
+             CROSS JOIN LATERAL (
+                SELECT t.ctid AS tid, t.{{.Key}} AS k, t.attempts, t.stream_id FROM {{$.S}}.{{.Table}} t
+                 WHERE t.{{.Key}} = f.k AND t.attempts = f.att AND t.instance_id = p_instance_id
+                   FOR UPDATE OF t) x)
+        SELECT array_agg(lk.tid) FILTER (WHERE lk.attempts >= p_max_attempts),
+               array_agg(lk.err) FILTER (WHERE lk.attempts >= p_max_attempts),
+               array_agg(lk.k) FILTER (WHERE lk.attempts >= p_max_attempts),
+               array_agg(lk.tid) FILTER (WHERE lk.attempts < p_max_attempts),
+               array_agg(lk.err) FILTER (WHERE lk.attempts < p_max_attempts),
+               array_agg(lk.after_ns) FILTER (WHERE lk.attempts < p_max_attempts),
+               array_agg(lk.k) FILTER (WHERE lk.attempts < p_max_attempts),
+               array_agg(lk.stream_id) FILTER (WHERE lk.stream_id <> '')
+          INTO d_tid, d_err, d_ids, r_tid, r_err, r_after, r_ids, x_streams
+          FROM lk;
+        IF d_tid IS NOT NULL THEN
+            WITH dl AS (
+                DELETE FROM {{$.S}}.{{.Table}} t
+                 USING unnest(d_tid, d_err) AS d(tid, err)
+                 WHERE t.ctid = d.tid
+                RETURNING t.*, d.err AS dl_error)
             INSERT INTO {{$.S}}.wp_dead_letters
                 (category, id, stream_id, partition_number, name, message_type, payload, metadata, attempts, seq,
                  scheduled_for, created_at, instance_id, error, dead_lettered_at)
             SELECT '{{.Name}}', dl.{{.Key}}, dl.stream_id, dl.partition_number, dl.name, dl.message_type, dl.payload,
-                   dl.metadata, dl.attempts, dl.seq, dl.scheduled_for, dl.created_at, p_instance_id, lk.err, v_now
-              FROM dl JOIN lk ON lk.k = dl.{{.Key}}
-             ORDER BY dl.seq
-            RETURNING id, stream_id),
-        rt AS (
-            UPDATE {{$.S}}.{{.Table}} t
-               SET instance_id = NULL, lease_expiry = NULL, last_error = lk.err,
-                   scheduled_for = v_now + CASE WHEN lk.after_ns > 0 THEN {{$.S}}.wp_ns(lk.after_ns)
-                                                ELSE {{$.S}}.wp_retry_delay(t.attempts, p_base_ns, p_max_ns) END
-              FROM lk
-             WHERE t.{{.Key}} = lk.k AND lk.attempts < p_max_attempts
-            RETURNING t.{{.Key}} AS k, t.stream_id),
-        al AS (
-            SELECT dli.id AS k, true AS dead, dli.stream_id FROM dli
-            UNION ALL
-            SELECT rt.k, false, rt.stream_id FROM rt)
-        SELECT array_agg(al.k), array_agg(al.dead), array_agg(al.stream_id) FILTER (WHERE al.stream_id <> '')
-          INTO x_ids, x_dead, x_streams
-          FROM al;
-        IF x_ids IS NOT NULL THEN
-            v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_ids)]);
-            v_ids := v_ids || x_ids;
-            v_dead := v_dead || x_dead;
-            v_streams := v_streams || COALESCE(x_streams, '{}');
+                   dl.metadata, dl.attempts, dl.seq, dl.scheduled_for, dl.created_at, p_instance_id, dl.dl_error, v_now
+              FROM dl
+             ORDER BY dl.seq;
+            v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(d_ids)]);
+            v_ids := v_ids || d_ids;
+            v_dead := v_dead || array_fill(true, ARRAY[cardinality(d_ids)]);
         END IF;
+        IF r_tid IS NOT NULL THEN
+            UPDATE {{$.S}}.{{.Table}} t
+               SET instance_id = NULL, lease_expiry = NULL, last_error = r.err,
+                   scheduled_for = v_now + CASE WHEN r.after_ns > 0 THEN {{$.S}}.wp_ns(r.after_ns)
+                                               ELSE {{$.S}}.wp_retry_delay(t.attempts, p_base_ns, p_max_ns) END
+              FROM unnest(r_tid, r_err, r_after) AS r(tid, err, after_ns)
+             WHERE t.ctid = r.tid;
+            v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(r_ids)]);
+            v_ids := v_ids || r_ids;
+            v_dead := v_dead || array_fill(false, ARRAY[cardinality(r_ids)]);
+        END IF;
+        v_streams := v_streams || COALESCE(x_streams, '{}');
     END IF;
 {{- end}}
     IF cardinality(v_streams) > 0 THEN
@@ -669,6 +730,7 @@ CREATE FUNCTION {{.S}}.wp_release(
     p_now         timestamptz DEFAULT NULL)
 RETURNS TABLE (category text, id uuid)
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -683,14 +745,14 @@ BEGIN
     END IF;
 {{- range .Cats}}
     IF '{{.Name}}' = ANY (p_categories) THEN
-        WITH r AS (
-            SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att) WHERE u.cat = '{{.Name}}'),
-        lk AS (
-            SELECT t.ctid AS tid
-              FROM r JOIN {{$.S}}.{{.Table}} t ON t.{{.Key}} = r.k
-             WHERE t.attempts = r.att AND t.instance_id = p_instance_id AND t.{{.Done}} IS NULL
-             ORDER BY t.{{.Key}}
-               FOR UPDATE OF t),
+        WITH lk AS (
+            SELECT x.tid
+              FROM (SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att)
+                     WHERE u.cat = '{{.Name}}' ORDER BY u.k) r
+             CROSS JOIN LATERAL (
+                SELECT t.ctid AS tid FROM {{$.S}}.{{.Table}} t
+                 WHERE t.{{.Key}} = r.k AND t.attempts = r.att AND t.instance_id = p_instance_id
+                   FOR UPDATE OF t) x),
         up AS (
             UPDATE {{$.S}}.{{.Table}} t
                SET instance_id = NULL, lease_expiry = NULL, attempts = t.attempts - 1
@@ -723,6 +785,7 @@ CREATE FUNCTION {{.S}}.wp_cleanup_stale_instances(
     p_now      timestamptz DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -784,6 +847,7 @@ CREATE FUNCTION {{.S}}.wp_record_heartbeat(
     p_now          timestamptz DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -814,6 +878,7 @@ $fn$;
 CREATE FUNCTION {{.S}}.wp_deregister(p_instance_id uuid, p_now timestamptz DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
+SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 BEGIN
