@@ -200,6 +200,14 @@ type HeartbeatRequest struct {
 	StaleAfter time.Duration
 	// DeadAfter is the definitive-dead age (spec default 5 min).
 	DeadAfter time.Duration
+	// AliveLockHeld reports that the caller holds its alive-lock right now.
+	// The store records it with the heartbeat (and forgets any earlier
+	// observation of the lock missing), which makes the instance eligible
+	// for lock-loss eviction: see CleanupRequest.LockLostAfter.
+	AliveLockHeld bool
+	// LockLostAfter applies the lock-loss rule in the opportunistic sweep
+	// too; 0 disables it. See CleanupRequest.LockLostAfter.
+	LockLostAfter time.Duration
 }
 
 // Validate checks r.
@@ -207,7 +215,10 @@ func (r HeartbeatRequest) Validate() error {
 	if err := r.Instance.Validate(); err != nil {
 		return err
 	}
-	return validateCutoffs(r.StaleAfter, r.DeadAfter)
+	if err := validateCutoffs(r.StaleAfter, r.DeadAfter); err != nil {
+		return err
+	}
+	return validateLockLost(r.LockLostAfter)
 }
 
 // HeartbeatResult reports RecordHeartbeat.
@@ -220,10 +231,35 @@ type HeartbeatResult struct {
 type CleanupRequest struct {
 	StaleAfter time.Duration
 	DeadAfter  time.Duration
+	// LockLostAfter enables fast failover beyond the spec (0 disables it).
+	// An instance whose last heartbeat reported its alive-lock held, and
+	// whose lock is now gone, died with its listener session (a crash, a
+	// killed pod): there is no need to wait StaleAfter. Each CleanupStale
+	// call notes the first time it sees such a lock missing (the only write
+	// it makes when nobody is evicted) and clears the note when it sees the
+	// lock held again; the instance is evicted by a call that finds the lock
+	// still missing LockLostAfter or more after the note. A heartbeat clears
+	// the note too, so an instance that merely lost its listener and says so
+	// in its next heartbeat (AliveLockHeld=false) falls back to the stale
+	// rule. Calling CleanupStale every second or so (the maintenance
+	// worker's lock probe) bounds failover by about LockLostAfter + 1 s.
+	LockLostAfter time.Duration
 }
 
 // Validate checks r.
-func (r CleanupRequest) Validate() error { return validateCutoffs(r.StaleAfter, r.DeadAfter) }
+func (r CleanupRequest) Validate() error {
+	if err := validateCutoffs(r.StaleAfter, r.DeadAfter); err != nil {
+		return err
+	}
+	return validateLockLost(r.LockLostAfter)
+}
+
+func validateLockLost(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%w: LockLostAfter: %v is negative (0 disables lock-loss eviction)", ErrInvalidArgument, d)
+	}
+	return nil
+}
 
 func validateCutoffs(stale, dead time.Duration) error {
 	if stale <= 0 {

@@ -45,4 +45,10 @@ type InstanceState struct {
 	// AliveLockHeld reports whether the instance's alive-lock is held right
 	// now (on Postgres: a session advisory lock visible in pg_locks).
 	AliveLockHeld bool
+	// ReportedAliveLock is what the instance's last heartbeat said about its
+	// lock (HeartbeatRequest.AliveLockHeld).
+	ReportedAliveLock bool
+	// LockMissingSince is when a CleanupStale call first saw the reported
+	// lock missing; zero when it has not (see CleanupRequest.LockLostAfter).
+	LockMissingSince time.Time
 }
