@@ -91,6 +91,7 @@ func allCases() []testCase {
 		heartbeatCases(),
 		cleanupCases(),
 		aliveLockCases(),
+		lockLossCases(),
 		deregisterCases(),
 		signalCases(),
 		inspectorCases(),
@@ -734,8 +735,9 @@ func (e *env) sameState(what, before, after string) {
 }
 
 func renderInstance(is driver.InstanceState) string {
-	return fmt.Sprintf("instance %s svc=%q host=%q pid=%d meta=%s started=%s heartbeat=%s lock=%v",
-		is.ID, is.ServiceName, is.Host, is.PID, normJSON(is.Metadata), ts(is.StartedAt), ts(is.LastHeartbeatAt), is.AliveLockHeld)
+	return fmt.Sprintf("instance %s svc=%q host=%q pid=%d meta=%s started=%s heartbeat=%s lock=%v reported=%v missing=%s",
+		is.ID, is.ServiceName, is.Host, is.PID, normJSON(is.Metadata), ts(is.StartedAt), ts(is.LastHeartbeatAt), is.AliveLockHeld,
+		is.ReportedAliveLock, ts(is.LockMissingSince))
 }
 
 func renderWork(ws driver.WorkState) string {

@@ -63,6 +63,9 @@ func (s *Store) listInstances() []driver.InstanceState {
 			StartedAt:       in.startedAt,
 			LastHeartbeatAt: in.lastHeartbeat,
 			AliveLockHeld:   s.lockHeld(id),
+
+			ReportedAliveLock: in.reportedLock,
+			LockMissingSince:  in.lockMissingSince,
 		}
 		st.Metadata = cloneBytes(in.inst.Metadata)
 		out = append(out, st)

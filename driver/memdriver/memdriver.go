@@ -78,6 +78,12 @@ type instanceRow struct {
 	inst          driver.Instance
 	startedAt     time.Time
 	lastHeartbeat time.Time
+	// reportedLock is what the last heartbeat said about the alive-lock;
+	// only an instance that claimed its lock can be evicted for losing it.
+	reportedLock bool
+	// lockMissingSince is when a sweep first saw the reported lock
+	// missing; zero when none has (or a heartbeat or a held lock cleared it).
+	lockMissingSince time.Time
 }
 
 var (
@@ -200,8 +206,10 @@ func cloneBytes(b []byte) []byte {
 }
 
 // RecordHeartbeat upserts the instance row (StartedAt on first insert, last
-// heartbeat = now, identity fields updated) and runs the stale sweep when
-// another instance's heartbeat is older than StaleAfter.
+// heartbeat = now, identity fields updated, the reported lock state stored
+// and any lock-missing note cleared) and runs the sweep when another
+// instance's heartbeat is older than StaleAfter or, with LockLostAfter set,
+// when another instance that reported its lock held has lost it.
 func (s *Store) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
 	if err := ctx.Err(); err != nil {
 		return driver.HeartbeatResult{}, err
@@ -230,19 +238,25 @@ func (s *Store) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest
 	in.inst = req.Instance
 	in.inst.Metadata = meta
 	in.lastHeartbeat = now
+	in.reportedLock = req.AliveLockHeld
+	in.lockMissingSince = time.Time{}
 
 	cutoff := now.Add(-req.StaleAfter)
 	for oid, o := range s.instances {
-		if oid != id && o.lastHeartbeat.Before(cutoff) {
-			return driver.HeartbeatResult{Evicted: s.sweep(now, req.StaleAfter, req.DeadAfter)}, nil
+		if oid == id {
+			continue
+		}
+		if o.lastHeartbeat.Before(cutoff) || (req.LockLostAfter > 0 && o.reportedLock && !s.lockHeld(oid)) {
+			return driver.HeartbeatResult{Evicted: s.sweep(now, req.StaleAfter, req.DeadAfter, req.LockLostAfter)}, nil
 		}
 	}
 	return driver.HeartbeatResult{}, nil
 }
 
 // CleanupStale evicts instances older than StaleAfter whose alive-lock is
-// free and instances older than DeadAfter regardless, and returns their ids
-// in UUID order.
+// free, instances older than DeadAfter regardless, and, with LockLostAfter
+// set, instances whose reported lock has been missing for LockLostAfter
+// (see driver.CleanupRequest), and returns their ids in UUID order.
 func (s *Store) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -252,17 +266,36 @@ func (s *Store) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.sweep(s.now(), req.StaleAfter, req.DeadAfter), nil
+	return s.sweep(s.now(), req.StaleAfter, req.DeadAfter, req.LockLostAfter), nil
 }
 
-// sweep is the stale-instance eviction shared by CleanupStale and
-// RecordHeartbeat.
-func (s *Store) sweep(now time.Time, staleAfter, deadAfter time.Duration) []uuid.UUID {
+// sweep is the eviction shared by CleanupStale and RecordHeartbeat. The
+// lock-loss rule (lockLost > 0) looks only at instances whose last heartbeat
+// reported the lock held: it notes the first sweep that finds the lock
+// missing, forgets the note when the lock is back, and evicts once the lock
+// has stayed missing for lockLost since the note. Taking two observations
+// apart, rather than acting on one, keeps a listener that is reconnecting
+// (and re-taking its lock) from being evicted on a single unlucky look.
+func (s *Store) sweep(now time.Time, staleAfter, deadAfter, lockLost time.Duration) []uuid.UUID {
 	staleCut, deadCut := now.Add(-staleAfter), now.Add(-deadAfter)
 	var evicted []uuid.UUID
 	for _, id := range s.live { // rank order, so evicted is sorted
-		hb := s.instances[id].lastHeartbeat
-		if hb.Before(deadCut) || (hb.Before(staleCut) && !s.lockHeld(id)) {
+		in := s.instances[id]
+		held := s.lockHeld(id)
+		hb := in.lastHeartbeat
+		if hb.Before(deadCut) || (hb.Before(staleCut) && !held) {
+			evicted = append(evicted, id)
+			continue
+		}
+		if lockLost <= 0 || !in.reportedLock {
+			continue
+		}
+		switch {
+		case held:
+			in.lockMissingSince = time.Time{}
+		case in.lockMissingSince.IsZero():
+			in.lockMissingSince = now
+		case !now.Before(in.lockMissingSince.Add(lockLost)):
 			evicted = append(evicted, id)
 		}
 	}

@@ -991,3 +991,51 @@ func TestPurge(t *testing.T) {
 	}
 	f.work(driver.Outbox, dlID)
 }
+
+// Kill is how pump-level failover tests crash an instance: a heartbeat that
+// vouched for the lock, then Kill, must give lock-loss eviction its input.
+func TestKillTriggersLockLossEviction(t *testing.T) {
+	f := newFx(t, Options{})
+	in := ids(2)
+	a, b := in[0], in[1]
+	f.heartbeat(a)
+	f.listen(b)
+	if _, err := f.s.RecordHeartbeat(f.ctx, driver.HeartbeatRequest{
+		Instance: driver.Instance{ID: b, ServiceName: "test"}, StaleAfter: staleAfter, DeadAfter: deadAfter, AliveLockHeld: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w := f.enqueue(outbox(streamOf("kill", 64, 2, 1)))
+	if res := f.claim(b, 10); len(res.Work) != 1 {
+		t.Fatalf("B claimed %d rows, want 1", len(res.Work))
+	}
+	probe := func() []uuid.UUID {
+		t.Helper()
+		ev, err := f.s.CleanupStale(f.ctx, driver.CleanupRequest{StaleAfter: staleAfter, DeadAfter: deadAfter, LockLostAfter: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	if ev := probe(); len(ev) != 0 {
+		t.Fatalf("probe with B alive evicted %v", ev)
+	}
+	f.s.Kill(b)
+	killedAt := f.clk.Now()
+	if ev := probe(); len(ev) != 0 {
+		t.Fatalf("the first look after Kill evicted %v; it should only note", ev)
+	}
+	if st, _ := f.instance(b); !st.LockMissingSince.Equal(killedAt) || !st.ReportedAliveLock {
+		t.Fatalf("after the first look B has LockMissingSince=%v reported=%v, want %v and true", st.LockMissingSince, st.ReportedAliveLock, killedAt)
+	}
+	f.clk.Advance(3 * time.Second)
+	if ev := probe(); !slices.Equal(ev, []uuid.UUID{b}) {
+		t.Fatalf("probe 3 s after the note evicted %v, want [B]", ev)
+	}
+	if ws := f.work(driver.Outbox, w[0]); ws.InstanceID != uuid.Nil {
+		t.Fatalf("B's row is still leased to %s after eviction", ws.InstanceID)
+	}
+	if res := f.claim(a, 10); len(res.Work) != 1 || res.Work[0].ID != w[0] || !res.Work[0].Orphaned {
+		t.Fatalf("A's claim after eviction = %+v, want B's row as an orphan", res.Work)
+	}
+}
