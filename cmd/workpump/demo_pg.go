@@ -14,6 +14,7 @@ import (
 
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/pgxdriver"
+	"github.com/workpump/workpump/internal/faults"
 )
 
 // pgDemoBackend runs the demo on Postgres through pgxdriver, in a schema of
@@ -25,7 +26,7 @@ type pgDemoBackend struct {
 	coord   *pgxdriver.Coordinator
 	schema  string
 	created bool
-	views   map[uuid.UUID]*severable
+	views   map[uuid.UUID]*faults.Severable
 	out     io.Writer
 }
 
@@ -54,7 +55,7 @@ func newPostgresDemoBackend(ctx context.Context, url, schema string, out io.Writ
 		pool.Close()
 		return nil, err
 	}
-	return &pgDemoBackend{pool: pool, coord: coord, schema: schema, created: created, views: map[uuid.UUID]*severable{}, out: out}, nil
+	return &pgDemoBackend{pool: pool, coord: coord, schema: schema, created: created, views: map[uuid.UUID]*faults.Severable{}, out: out}, nil
 }
 
 func (b *pgDemoBackend) name() string { return "Postgres (pgxdriver, schema " + b.schema + ")" }
@@ -63,7 +64,7 @@ func (b *pgDemoBackend) coordinator() driver.Coordinator { return b.coord }
 
 // instanceCoordinator gives instance id its own severable view.
 func (b *pgDemoBackend) instanceCoordinator(id uuid.UUID) driver.Coordinator {
-	v := newSeverable(b.coord)
+	v := faults.NewSeverable(b.coord)
 	b.views[id] = v
 	return v
 }
@@ -75,7 +76,7 @@ func (b *pgDemoBackend) kill(_ context.Context, id uuid.UUID) error {
 	if !ok {
 		return fmt.Errorf("unknown instance %s", id)
 	}
-	v.sever()
+	v.Sever()
 	return nil
 }
 
