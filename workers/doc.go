@@ -5,12 +5,14 @@
 //     at once by signals, gated by the listener's health, backpressured by
 //     the dispatcher's free capacity.
 //   - HeartbeatWorker: RecordHeartbeat on an adaptive cadence, slow while the
-//     alive-lock proves liveness.
+//     alive-lock proves liveness; each beat reports whether the lock is held.
 //   - LeaseRenewalWorker: lease handles per dispatch (a context that ends
 //     before the lease does), automatic renewal requests, a coalescing
 //     BatchFlusher and a per-dispatch renewal cap.
 //   - MaintenanceWorker: periodic CleanupStale and purges, a backstop for the
-//     opportunistic sweep inside RecordHeartbeat.
+//     opportunistic sweep inside RecordHeartbeat, and a fast lock probe
+//     (CleanupStale with LockLostAfter every second) that evicts a crashed
+//     peer seconds after its alive-lock vanished.
 //
 // Every worker has Start(ctx) and Stop(ctx), both idempotent. Start's context
 // bounds start-up work and lends its values to the worker's goroutine; its

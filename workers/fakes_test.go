@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // call is one recorded coordinator call.
 type call struct {
-	kind string // "claim", "heartbeat", "renew", "cleanup", "schema", "purge"
+	kind string // "claim", "heartbeat", "renew", "cleanup", "probe", "schema", "purge"
 	at   time.Time
 	req  any
 }
@@ -38,6 +38,7 @@ type fakeCoord struct {
 	heartbeat func(n int) error
 	renew     func(n int, req driver.RenewRequest) (driver.RenewResult, error)
 	cleanup   func(n int) ([]uuid.UUID, error)
+	probe     func(n int) ([]uuid.UUID, error)
 }
 
 func (f *fakeCoord) record(kind string, req any) int {
@@ -77,7 +78,17 @@ func (f *fakeCoord) RenewLeases(ctx context.Context, req driver.RenewRequest) (d
 	return f.renew(n, req)
 }
 
+// CleanupStale records a call with LockLostAfter as "probe" (the
+// maintenance worker's lock probe) and one without as "cleanup" (its
+// backstop, the spec's sweep).
 func (f *fakeCoord) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error) {
+	if req.LockLostAfter > 0 {
+		n := f.record("probe", req)
+		if f.probe == nil {
+			return nil, nil
+		}
+		return f.probe(n)
+	}
 	n := f.record("cleanup", req)
 	if f.cleanup == nil {
 		return nil, nil

@@ -47,7 +47,10 @@ type HeartbeatHooks struct {
 type HeartbeatEvent struct {
 	Start   time.Time   // local time the call started
 	Evicted []uuid.UUID // peers removed by the store's stale sweep
-	Err     error
+	// AliveLockHeld is what the call reported about this instance's
+	// alive-lock (HeartbeatRequest.AliveLockHeld).
+	AliveLockHeld bool
+	Err           error
 }
 
 // HeartbeatStats counts the heartbeat worker's calls.
@@ -66,6 +69,15 @@ type HeartbeatStats struct {
 // instead of leaving the instance without proof of life until SlowInterval;
 // Recheck brings that check forward. After a failed beat the next one comes
 // one Interval later. Errors are logged and the loop goes on.
+//
+// Every beat reports whether the lock is held (AliveLockHeld; always false
+// with HeartbeatTableOnly or without a lock source), so peers may evict this
+// instance as soon as the lock vanishes (lock-loss eviction, see
+// driver.CleanupRequest.LockLostAfter). The flip side: when the last
+// successful beat vouched for the lock and a check finds it gone, the beat
+// is due at once, whatever the cadence, because only a heartbeat that says
+// "lock lost" keeps peers from evicting a process that is alive but merely
+// lost its listener.
 type HeartbeatWorker struct {
 	coord  HeartbeatCoordinator
 	req    driver.HeartbeatRequest
@@ -80,6 +92,7 @@ type HeartbeatWorker struct {
 	mu       sync.Mutex // serialises beats
 	last     time.Time  // start of the last beat, local clock
 	lastOK   bool
+	vouched  bool // the last successful beat reported the lock held
 	beats    atomic.Uint64
 	failures atomic.Uint64
 	evicted  atomic.Uint64
@@ -99,8 +112,11 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 		return nil, fmt.Errorf("workers: heartbeat worker: %w", err)
 	}
 	return &HeartbeatWorker{
-		coord:   cfg.Coordinator,
-		req:     driver.HeartbeatRequest{Instance: cfg.Instance, StaleAfter: opts.StaleAfter, DeadAfter: opts.DeadAfter},
+		coord: cfg.Coordinator,
+		req: driver.HeartbeatRequest{
+			Instance: cfg.Instance, StaleAfter: opts.StaleAfter, DeadAfter: opts.DeadAfter,
+			LockLostAfter: lockLostArg(opts.LockLostAfter),
+		},
 		opts:    opts,
 		lock:    cfg.Lock,
 		logger:  namedLogger(cfg.Logger, "heartbeat"),
@@ -135,19 +151,22 @@ func (w *HeartbeatWorker) Beat(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	start := time.Now()
-	res, err := w.coord.RecordHeartbeat(ctx, w.req)
+	req := w.req
+	req.AliveLockHeld = w.lockProvesLiveness()
+	res, err := w.coord.RecordHeartbeat(ctx, req)
 	w.last, w.lastOK = start, err == nil
 	w.beats.Add(1)
 	if err != nil {
 		w.failures.Add(1)
 	} else {
+		w.vouched = req.AliveLockHeld
 		w.evicted.Add(uint64(len(res.Evicted)))
 		if len(res.Evicted) > 0 {
 			w.logger.Info("stale peers evicted", "count", len(res.Evicted), "ids", res.Evicted)
 		}
 	}
 	if w.hooks.OnBeat != nil {
-		w.hooks.OnBeat(HeartbeatEvent{Start: start, Evicted: res.Evicted, Err: err})
+		w.hooks.OnBeat(HeartbeatEvent{Start: start, Evicted: res.Evicted, AliveLockHeld: req.AliveLockHeld, Err: err})
 	}
 	return err
 }
@@ -169,8 +188,9 @@ func (w *HeartbeatWorker) Stats() HeartbeatStats {
 	return HeartbeatStats{Beats: w.beats.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load()}
 }
 
-// slowAllowed reports whether the lock proves liveness right now.
-func (w *HeartbeatWorker) slowAllowed() bool {
+// lockProvesLiveness reports whether the lock proves liveness right now:
+// then the slow cadence is allowed and a beat vouches for the lock.
+func (w *HeartbeatWorker) lockProvesLiveness() bool {
 	return w.opts.LivenessSource == AdvisoryLockWhenAvailable && w.lock != nil && w.lock.AliveLockHeld()
 }
 
@@ -178,16 +198,23 @@ func (w *HeartbeatWorker) slowAllowed() bool {
 // next check.
 func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 	w.mu.Lock()
-	last, ok := w.last, w.lastOK
+	last, ok, vouched := w.last, w.lastOK, w.vouched
 	w.mu.Unlock()
 	if last.IsZero() {
+		return 0
+	}
+	held := w.lockProvesLiveness()
+	if ok && vouched && !held {
+		// Peers may evict an instance whose vouched-for lock is gone;
+		// say it is gone first. After a failed beat the Interval rule
+		// below applies, so an unreachable store is not hammered.
 		return 0
 	}
 	elapsed := now.Sub(last)
 	if elapsed >= w.opts.SlowInterval {
 		return 0
 	}
-	if elapsed >= w.opts.Interval && !(ok && w.slowAllowed()) {
+	if elapsed >= w.opts.Interval && !(ok && held) {
 		return 0
 	}
 	// Next check: the next multiple of Interval since the last beat, or the

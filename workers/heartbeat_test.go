@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -219,5 +220,128 @@ func TestHeartbeatRecheckOnLockLoss(t *testing.T) {
 		time.Sleep(sec(30))
 		stop(t, w)
 		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(60), sec(100), sec(130)})
+	})
+}
+
+func TestHeartbeatReportsLockAndLockLostAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lock     string // "none", "held", "free"
+		opts     HeartbeatOptions
+		wantHeld bool
+		wantLost time.Duration
+	}{
+		{"held/advisory", "held", HeartbeatOptions{}, true, sec(3)},
+		{"free/advisory", "free", HeartbeatOptions{}, false, sec(3)},
+		{"no lock source", "none", HeartbeatOptions{}, false, sec(3)},
+		// Table-only keeps the instance out of lock-loss eviction.
+		{"held/table only", "held", HeartbeatOptions{LivenessSource: HeartbeatTableOnly}, false, sec(3)},
+		{"held/custom LockLostAfter", "held", HeartbeatOptions{LockLostAfter: sec(7)}, true, sec(7)},
+		{"held/NoLockLossEviction", "held", HeartbeatOptions{LockLostAfter: NoLockLossEviction}, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				coord := &fakeCoord{}
+				var lock AliveLock
+				if tc.lock != "none" {
+					s := newFakeSub(true)
+					s.lock.Store(tc.lock == "held")
+					lock = s
+				}
+				var events []HeartbeatEvent
+				w := newHeartbeat(t, coord, tc.opts, lock, func(c *HeartbeatConfig) {
+					c.Hooks.OnBeat = func(e HeartbeatEvent) { events = append(events, e) }
+				})
+				if err := w.Beat(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				req := coord.of("heartbeat")[0].req.(driver.HeartbeatRequest)
+				if req.AliveLockHeld != tc.wantHeld || req.LockLostAfter != tc.wantLost {
+					t.Fatalf("request AliveLockHeld=%v LockLostAfter=%v, want %v and %v", req.AliveLockHeld, req.LockLostAfter, tc.wantHeld, tc.wantLost)
+				}
+				if len(events) != 1 || events[0].AliveLockHeld != tc.wantHeld {
+					t.Fatalf("events %+v, want one reporting AliveLockHeld=%v", events, tc.wantHeld)
+				}
+			})
+		})
+	}
+}
+
+// The lock state is read at every beat, not once.
+func TestHeartbeatReportFollowsTheLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		lock := newFakeSub(true)
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		for _, held := range []bool{false, true, true, false} {
+			lock.lock.Store(held)
+			if err := w.Beat(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []bool
+		for _, c := range coord.of("heartbeat") {
+			got = append(got, c.req.(driver.HeartbeatRequest).AliveLockHeld)
+		}
+		if fmt.Sprint(got) != "[false true true false]" {
+			t.Fatalf("reported %v, want [false true true false]", got)
+		}
+	})
+}
+
+// A beat that vouched for the lock must be followed at once by one that
+// withdraws it when the lock goes, even well inside Interval: peers evict an
+// instance whose vouched-for lock stays missing for LockLostAfter.
+func TestHeartbeatWithdrawsVouchedLockAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		lock := newFakeSub(true)
+		lock.lock.Store(true)
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(10))
+		lock.lock.Store(false) // 10 s after a beat that vouched for it
+		w.Recheck()
+		time.Sleep(sec(2))
+		w.Recheck() // the withdrawal is recorded: nothing due
+		time.Sleep(sec(60))
+		stop(t, w)
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(10), sec(40), sec(70)})
+		var held []bool
+		for _, c := range coord.of("heartbeat") {
+			held = append(held, c.req.(driver.HeartbeatRequest).AliveLockHeld)
+		}
+		if fmt.Sprint(held) != "[true false false false]" {
+			t.Fatalf("reported %v", held)
+		}
+	})
+}
+
+// When the withdrawing beat fails, the retry waits the usual Interval: an
+// unreachable store is not hammered.
+func TestHeartbeatFailedWithdrawalDoesNotSpin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{heartbeat: func(n int) error {
+			if n == 2 {
+				return errors.New("connection refused")
+			}
+			return nil
+		}}
+		lock := newFakeSub(true)
+		lock.lock.Store(true)
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(10))
+		lock.lock.Store(false)
+		w.Recheck()
+		time.Sleep(sec(35))
+		stop(t, w)
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(10), sec(40)})
 	})
 }

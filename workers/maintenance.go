@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,10 +29,21 @@ type MaintenanceConfig struct {
 }
 
 // MaintenanceHooks observe the maintenance worker. They run on its
-// goroutine; keep them fast. Nil hooks are skipped.
+// goroutines (OnRun on the backstop's, OnProbe on the lock probe's); keep
+// them fast. Nil hooks are skipped.
 type MaintenanceHooks struct {
 	// OnRun reports each run.
 	OnRun func(MaintenanceRun)
+	// OnProbe reports each lock probe.
+	OnProbe func(MaintenanceProbe)
+}
+
+// MaintenanceProbe describes one lock probe: a CleanupStale call with
+// LockLostAfter.
+type MaintenanceProbe struct {
+	Start   time.Time   // local time the probe started
+	Evicted []uuid.UUID // instances CleanupStale removed
+	Err     error
 }
 
 // MaintenanceRun describes one run.
@@ -43,18 +55,26 @@ type MaintenanceRun struct {
 	Err     error // CleanupStale and Purge errors, joined
 }
 
-// MaintenanceStats counts the maintenance worker's runs.
+// MaintenanceStats counts the maintenance worker's runs and lock probes.
 type MaintenanceStats struct {
-	Runs     uint64
-	Failures uint64 // runs with an error
-	Evicted  uint64
+	Runs          uint64
+	Failures      uint64 // runs with an error
+	Probes        uint64 // lock probes
+	ProbeFailures uint64 // lock probes with an error
+	Evicted       uint64 // instances removed by runs and probes
 }
 
 // MaintenanceWorker is the periodic backstop behind the stale sweep that
 // RecordHeartbeat runs opportunistically: every Interval it calls
-// CleanupStale with the stale and definitive-dead cutoffs, then, when the
-// store implements driver.Purger and a purge age is set, Purge. Errors are
-// logged and the loop goes on.
+// CleanupStale with the stale and definitive-dead cutoffs (the spec's sweep,
+// without LockLostAfter), then, when the store implements driver.Purger and
+// a purge age is set, Purge. Errors are logged and the loop goes on.
+//
+// Its second loop, the lock probe, is what makes failover fast: every
+// LockProbeInterval it calls CleanupStale with LockLostAfter as well, so a
+// peer that crashed (its alive-lock vanished with its listener session) is
+// evicted about LockLostAfter later, not after StaleAfter plus however long
+// until some sweep runs. The probe writes nothing while every lock is held.
 type MaintenanceWorker struct {
 	coord  MaintenanceCoordinator
 	purger driver.Purger
@@ -64,6 +84,8 @@ type MaintenanceWorker struct {
 	life   lifecycle
 
 	runs, failures, evicted atomic.Uint64
+	probes, probeFailures   atomic.Uint64
+	probeFailing            atomic.Bool // the last probe failed (logs only transitions)
 }
 
 // NewMaintenanceWorker applies defaults, validates cfg and returns a
@@ -87,8 +109,9 @@ func NewMaintenanceWorker(cfg MaintenanceConfig) (*MaintenanceWorker, error) {
 	return w, nil
 }
 
-// Start starts the loop; the first run is one Interval later. With
-// Options.Disabled it starts nothing. Idempotent; ErrStopped after Stop.
+// Start starts the loops; the first run is one Interval later, the first
+// lock probe one LockProbeInterval later (no probe with NoLockLossEviction).
+// With Options.Disabled it starts nothing. Idempotent; ErrStopped after Stop.
 func (w *MaintenanceWorker) Start(ctx context.Context) error {
 	if w.opts.Disabled {
 		_, err := w.life.start(ctx, nil)
@@ -103,7 +126,36 @@ func (w *MaintenanceWorker) Stop(ctx context.Context) error { return w.life.stop
 
 // Stats returns the worker's counters.
 func (w *MaintenanceWorker) Stats() MaintenanceStats {
-	return MaintenanceStats{Runs: w.runs.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load()}
+	return MaintenanceStats{
+		Runs: w.runs.Load(), Failures: w.failures.Load(),
+		Probes: w.probes.Load(), ProbeFailures: w.probeFailures.Load(),
+		Evicted: w.evicted.Load(),
+	}
+}
+
+// ProbeOnce runs one lock probe now and reports it (also to OnProbe): a
+// CleanupStale call with the stale and dead cutoffs and LockLostAfter. With
+// NoLockLossEviction it is the plain stale sweep.
+func (w *MaintenanceWorker) ProbeOnce(ctx context.Context) MaintenanceProbe {
+	p := MaintenanceProbe{Start: time.Now()}
+	p.Evicted, p.Err = w.coord.CleanupStale(ctx, driver.CleanupRequest{
+		StaleAfter: w.opts.StaleAfter, DeadAfter: w.opts.DeadAfter, LockLostAfter: lockLostArg(w.opts.LockLostAfter),
+	})
+	w.probes.Add(1)
+	if p.Err != nil {
+		p.Evicted = nil
+		w.probeFailures.Add(1)
+		p.Err = fmt.Errorf("lock probe: %w", p.Err)
+	} else {
+		w.evicted.Add(uint64(len(p.Evicted)))
+		if len(p.Evicted) > 0 {
+			w.logger.Info("dead instances evicted (alive-lock lost)", "count", len(p.Evicted), "ids", p.Evicted)
+		}
+	}
+	if w.hooks.OnProbe != nil {
+		w.hooks.OnProbe(p)
+	}
+	return p
 }
 
 // RunOnce runs one maintenance pass now and reports it (also to OnRun).
@@ -149,6 +201,41 @@ func (w *MaintenanceWorker) RunOnce(ctx context.Context) MaintenanceRun {
 }
 
 func (w *MaintenanceWorker) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	if w.opts.LockLostAfter != NoLockLossEviction {
+		wg.Go(func() { w.probeLoop(ctx) })
+	}
+	w.backstop(ctx)
+	wg.Wait()
+}
+
+// probeLoop runs the lock probe every LockProbeInterval. A probe failure is
+// logged once, not every second while the store is down; the recovery is
+// logged too.
+func (w *MaintenanceWorker) probeLoop(ctx context.Context) {
+	t := time.NewTicker(w.opts.LockProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p := w.ProbeOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if p.Err != nil {
+			if !w.probeFailing.Swap(true) {
+				w.logger.Error("lock probe failing; repeats are not logged until it recovers", "error", p.Err)
+			}
+		} else if w.probeFailing.Swap(false) {
+			w.logger.Info("lock probe recovered")
+		}
+	}
+}
+
+func (w *MaintenanceWorker) backstop(ctx context.Context) {
 	t := time.NewTicker(w.opts.Interval)
 	defer t.Stop()
 	for {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -73,6 +74,7 @@ func TestMaintenancePurges(t *testing.T) {
 			Interval:              10 * time.Minute,
 			PurgeProcessedAfter:   24 * time.Hour,
 			PurgeDeadLettersAfter: 30 * 24 * time.Hour,
+			LockLostAfter:         NoLockLossEviction, // this test pins the backstop's call sequence
 		}})
 		if err != nil {
 			t.Fatal(err)
@@ -124,4 +126,137 @@ func TestMaintenanceConstructorRejects(t *testing.T) {
 	if !errors.As(err, &oe) || oe.Field != "PurgeStreamsAfter" {
 		t.Fatalf("negative purge age: %v", err)
 	}
+}
+
+func TestMaintenanceLockProbeCadence(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dead := uuid.New()
+		coord := &fakeCoord{probe: func(n int) ([]uuid.UUID, error) {
+			switch n {
+			case 3:
+				return []uuid.UUID{dead}, nil
+			case 4, 5, 6:
+				return nil, errors.New("connection refused")
+			}
+			return nil, nil
+		}}
+		logs := &logBuf{}
+		var probes []MaintenanceProbe
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Logger: logs.logger(),
+			Hooks: MaintenanceHooks{OnProbe: func(p MaintenanceProbe) { probes = append(probes, p) }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(125.5))
+		stop(t, w)
+		// A probe every second from one second after Start; the backstop
+		// keeps its own minute.
+		eqDurations(t, "probes", coord.offsets("probe", t0), every(sec(1), 126)[1:])
+		eqDurations(t, "cleanups", coord.offsets("cleanup", t0), []time.Duration{sec(60), sec(120)})
+		for _, c := range coord.of("probe") {
+			want := driver.CleanupRequest{StaleAfter: sec(30), DeadAfter: 5 * time.Minute, LockLostAfter: sec(3)}
+			if got := c.req.(driver.CleanupRequest); got != want {
+				t.Fatalf("probe request %+v, want %+v", got, want)
+			}
+		}
+		if got := coord.of("cleanup")[0].req.(driver.CleanupRequest); got.LockLostAfter != 0 {
+			t.Fatalf("backstop request %+v, want the spec's sweep without LockLostAfter", got)
+		}
+		if len(probes) != 125 || len(probes[2].Evicted) != 1 || probes[2].Evicted[0] != dead || probes[3].Err == nil || probes[6].Err != nil {
+			t.Fatalf("probe events: %d, third %+v, fourth %+v", len(probes), probes[2], probes[3])
+		}
+		if !probes[4].Start.Equal(t0.Add(sec(5))) {
+			t.Fatalf("fifth probe started at %v, want 5s", probes[4].Start.Sub(t0))
+		}
+		if st := w.Stats(); st.Probes != 125 || st.ProbeFailures != 3 || st.Evicted != 1 || st.Runs != 2 || st.Failures != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+		// Three failures in a row are logged once, and so is the recovery.
+		if n := strings.Count(logs.String(), "lock probe failing"); n != 1 {
+			t.Fatalf("the failing probe was logged %d times, want once:\n%s", n, logs)
+		}
+		logs.mustContain(t, "connection refused")
+		logs.mustContain(t, "lock probe recovered")
+		logs.mustContain(t, "alive-lock lost")
+	})
+}
+
+func TestMaintenanceLockProbeOptions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: MaintenanceOptions{
+			LockProbeInterval: ms(250), LockLostAfter: sec(5), StaleAfter: sec(10), DeadAfter: sec(20),
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(ms(1100))
+		stop(t, w)
+		eqDurations(t, "probes", coord.offsets("probe", t0), []time.Duration{ms(250), ms(500), ms(750), ms(1000)})
+		want := driver.CleanupRequest{StaleAfter: sec(10), DeadAfter: sec(20), LockLostAfter: sec(5)}
+		if got := coord.of("probe")[0].req.(driver.CleanupRequest); got != want {
+			t.Fatalf("probe request %+v, want %+v", got, want)
+		}
+	})
+}
+
+func TestMaintenanceNoLockLossEvictionRunsNoProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: MaintenanceOptions{LockLostAfter: NoLockLossEviction}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(150))
+		stop(t, w)
+		if k := coord.kinds(); !slices.Equal(k, []string{"cleanup", "cleanup"}) {
+			t.Fatalf("calls %v, want only the backstop's two cleanups", k)
+		}
+		eqDurations(t, "cleanups", coord.offsets("cleanup", t0), []time.Duration{sec(60), sec(120)})
+		// ProbeOnce by hand is the spec's sweep then.
+		if p := w.ProbeOnce(context.Background()); p.Err != nil {
+			t.Fatal(p.Err)
+		}
+		if got := coord.of("cleanup")[2].req.(driver.CleanupRequest); got.LockLostAfter != 0 {
+			t.Fatalf("ProbeOnce with NoLockLossEviction sent %+v", got)
+		}
+	})
+}
+
+// A slow backstop (a long purge, a cleanup stuck on locks) must not delay
+// the probes: failover time depends on them.
+func TestMaintenanceSlowBackstopDoesNotDelayProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{cleanup: func(n int) ([]uuid.UUID, error) {
+			time.Sleep(sec(10))
+			return nil, nil
+		}}
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: MaintenanceOptions{Interval: sec(5)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(20.5))
+		probes, cleanups := coord.offsets("probe", t0), coord.offsets("cleanup", t0)
+		stop(t, w) // waits for the cleanup in progress
+		eqDurations(t, "probes", probes, every(sec(1), 21)[1:])
+		// The backstop: 5 s, then busy until 15 s (its ticker dropped the
+		// ticks meanwhile), then the tick that was waiting.
+		eqDurations(t, "cleanups", cleanups, []time.Duration{sec(5), sec(15)})
+	})
 }

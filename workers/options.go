@@ -29,7 +29,24 @@ const (
 	DefaultMaxRenewalsPerWork      = 6
 
 	DefaultMaintenanceInterval = time.Minute
+
+	// DefaultLockLostAfter and DefaultLockProbeInterval drive lock-loss
+	// eviction, which goes beyond the spec: a peer whose heartbeat vouched
+	// for its alive-lock and whose lock has been gone this long is evicted
+	// without waiting for StaleAfter. Three seconds rides out a listener
+	// that reconnects (and re-takes its lock) or reports the loss in a
+	// heartbeat, and with a probe every second failover takes at most about
+	// four seconds instead of the spec's 30 s to well over a minute.
+	DefaultLockLostAfter     = 3 * time.Second
+	DefaultLockProbeInterval = time.Second
 )
+
+// NoLockLossEviction is the value of HeartbeatOptions.LockLostAfter and
+// MaintenanceOptions.LockLostAfter that turns lock-loss eviction off: only
+// the spec's stale and definitive-dead rules evict peers, and the
+// maintenance worker runs no lock probe. It is the only negative value
+// accepted.
+const NoLockLossEviction time.Duration = -1
 
 // TightPolling is the value of ClaimOptions.NotifyHealthyPollInterval that
 // keeps the tight PollInterval base even while the signal gate is healthy
@@ -171,6 +188,16 @@ type HeartbeatOptions struct {
 	// DeadAfter is the definitive-dead age passed to RecordHeartbeat
 	// (default 5 min).
 	DeadAfter time.Duration
+	// LockLostAfter is passed to RecordHeartbeat so that its opportunistic
+	// sweep applies the lock-loss rule too (default 3 s; NoLockLossEviction
+	// turns it off). See driver.CleanupRequest.LockLostAfter; the
+	// maintenance worker's lock probe is what makes the rule fast.
+	//
+	// Independently of it, every heartbeat reports whether this instance
+	// holds its alive-lock (never with HeartbeatTableOnly or without a lock
+	// source), which lets peers evict it as soon as the lock vanishes; use
+	// HeartbeatTableOnly to keep this instance out of lock-loss eviction.
+	LockLostAfter time.Duration
 }
 
 // WithDefaults returns o with every zero field set to the spec default.
@@ -189,7 +216,26 @@ func (o HeartbeatOptions) WithDefaults() HeartbeatOptions {
 	if o.DeadAfter == 0 {
 		o.DeadAfter = DefaultDeadAfter
 	}
+	if o.LockLostAfter == 0 {
+		o.LockLostAfter = DefaultLockLostAfter
+	}
 	return o
+}
+
+// lockLostArg is what a LockLostAfter option means for the store: 0 (rule
+// off) for NoLockLossEviction.
+func lockLostArg(d time.Duration) time.Duration {
+	if d == NoLockLossEviction {
+		return 0
+	}
+	return d
+}
+
+func validateLockLostAfter(d time.Duration) error {
+	if d <= 0 && d != NoLockLossEviction {
+		return optErr("LockLostAfter", "%v, want > 0 or NoLockLossEviction (%v)", d, NoLockLossEviction)
+	}
+	return nil
 }
 
 // Validate reports the first invalid field of o as it is (call it on the
@@ -211,7 +257,7 @@ func (o HeartbeatOptions) Validate() error {
 		// held, so a slower heartbeat would get a live instance evicted.
 		return optErr("SlowInterval", "%v, want < DeadAfter (%v)", o.SlowInterval, o.DeadAfter)
 	}
-	return nil
+	return validateLockLostAfter(o.LockLostAfter)
 }
 
 // RenewalOptions configures the LeaseRenewalWorker: its coalescing batch
@@ -331,10 +377,11 @@ func (o FlusherOptions) Validate() error {
 }
 
 // MaintenanceOptions configures the MaintenanceWorker, the periodic backstop
-// behind the opportunistic sweep in RecordHeartbeat. The zero value means
-// the defaults: CleanupStale every minute with the spec's cutoffs, no purges.
+// behind the opportunistic sweep in RecordHeartbeat, and its lock probe. The
+// zero value means the defaults: CleanupStale every minute with the spec's
+// cutoffs, the lock probe every second with LockLostAfter 3 s, no purges.
 type MaintenanceOptions struct {
-	// Disabled turns the backstop off.
+	// Disabled turns the whole worker off: backstop, lock probe and purges.
 	Disabled bool
 	// Interval between runs (default 1 min); the first run is one Interval
 	// after Start.
@@ -343,6 +390,21 @@ type MaintenanceOptions struct {
 	// and 5 min, as in HeartbeatOptions).
 	StaleAfter time.Duration
 	DeadAfter  time.Duration
+	// LockLostAfter is the lock-loss cutoff of the lock probe (default 3 s):
+	// a peer whose last heartbeat vouched for its alive-lock is evicted once
+	// its lock has been seen missing for this long (see
+	// driver.CleanupRequest.LockLostAfter). NoLockLossEviction turns the
+	// probe off. Shorter values fail over faster but give a listener that
+	// merely reconnects less time to re-take its lock or say in a heartbeat
+	// that it lost it.
+	LockLostAfter time.Duration
+	// LockProbeInterval is the lock probe's cadence (default 1 s): every
+	// LockProbeInterval, from one LockProbeInterval after Start, the worker
+	// calls CleanupStale with LockLostAfter, on its own goroutine so slow
+	// purges never delay it. A dead peer is evicted at most about
+	// LockLostAfter + LockProbeInterval after its lock vanished. While every
+	// reported lock is held the call writes nothing.
+	LockProbeInterval time.Duration
 	// The purge ages, used when the store implements driver.Purger. Zero
 	// skips that purge: history is kept until asked otherwise.
 	PurgeProcessedAfter   time.Duration // processed rows kept by the store (inbox dedupe records)
@@ -361,6 +423,12 @@ func (o MaintenanceOptions) WithDefaults() MaintenanceOptions {
 	}
 	if o.DeadAfter == 0 {
 		o.DeadAfter = DefaultDeadAfter
+	}
+	if o.LockLostAfter == 0 {
+		o.LockLostAfter = DefaultLockLostAfter
+	}
+	if o.LockProbeInterval == 0 {
+		o.LockProbeInterval = DefaultLockProbeInterval
 	}
 	return o
 }
@@ -381,6 +449,8 @@ func (o MaintenanceOptions) Validate() error {
 		return optErr("PurgeDeadLettersAfter", "%v, want >= 0 (0 = never)", o.PurgeDeadLettersAfter)
 	case o.PurgeStreamsAfter < 0:
 		return optErr("PurgeStreamsAfter", "%v, want >= 0 (0 = never)", o.PurgeStreamsAfter)
+	case o.LockProbeInterval <= 0:
+		return optErr("LockProbeInterval", "%v, want > 0 (NoLockLossEviction as LockLostAfter turns the probe off)", o.LockProbeInterval)
 	}
-	return nil
+	return validateLockLostAfter(o.LockLostAfter)
 }

@@ -28,6 +28,7 @@ func TestWithDefaultsEqualsSpec(t *testing.T) {
 		LivenessSource: AdvisoryLockWhenAvailable,
 		StaleAfter:     30 * time.Second,
 		DeadAfter:      5 * time.Minute,
+		LockLostAfter:  3 * time.Second,
 	}); got != want {
 		t.Errorf("HeartbeatOptions defaults\n got  %+v\n want %+v", got, want)
 	}
@@ -43,9 +44,11 @@ func TestWithDefaultsEqualsSpec(t *testing.T) {
 		t.Errorf("RenewalOptions defaults\n got  %+v\n want %+v", got, want)
 	}
 	if got, want := (MaintenanceOptions{}).WithDefaults(), (MaintenanceOptions{
-		Interval:   time.Minute,
-		StaleAfter: 30 * time.Second,
-		DeadAfter:  5 * time.Minute,
+		Interval:          time.Minute,
+		StaleAfter:        30 * time.Second,
+		DeadAfter:         5 * time.Minute,
+		LockLostAfter:     3 * time.Second,
+		LockProbeInterval: time.Second,
 	}); got != want {
 		t.Errorf("MaintenanceOptions defaults\n got  %+v\n want %+v", got, want)
 	}
@@ -89,6 +92,8 @@ func TestOptionValidationNamesTheField(t *testing.T) {
 		{"StaleAfter", HeartbeatOptions{StaleAfter: -time.Second}},
 		{"DeadAfter", HeartbeatOptions{StaleAfter: time.Hour, SlowInterval: 2 * time.Hour}},
 		{"DeadAfter", HeartbeatOptions{DeadAfter: 10 * time.Second}},
+		{"LockLostAfter", HeartbeatOptions{LockLostAfter: -time.Second}},
+		{"LockLostAfter", HeartbeatOptions{LockLostAfter: -2}},
 
 		{"MaxBatch", RenewalOptions{MaxBatch: -1}},
 		{"CoalesceWindow", RenewalOptions{CoalesceWindow: -time.Millisecond}},
@@ -105,6 +110,11 @@ func TestOptionValidationNamesTheField(t *testing.T) {
 		{"PurgeProcessedAfter", MaintenanceOptions{PurgeProcessedAfter: -time.Hour}},
 		{"PurgeDeadLettersAfter", MaintenanceOptions{PurgeDeadLettersAfter: -time.Hour}},
 		{"PurgeStreamsAfter", MaintenanceOptions{PurgeStreamsAfter: -time.Hour}},
+		{"LockLostAfter", MaintenanceOptions{LockLostAfter: -3 * time.Second}},
+		{"LockProbeInterval", MaintenanceOptions{LockProbeInterval: -time.Second}},
+		// The probe interval is checked even with the probe off: a typo
+		// should not wait until someone turns the probe back on.
+		{"LockProbeInterval", MaintenanceOptions{LockProbeInterval: -time.Second, LockLostAfter: NoLockLossEviction}},
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%T.%s", tc.opts, tc.field), func(t *testing.T) {
@@ -132,9 +142,15 @@ func TestOptionValidationNamesTheField(t *testing.T) {
 			}
 		})
 	}
-	// The one accepted negative value.
+	// The accepted negative values.
 	if err := (ClaimOptions{NotifyHealthyPollInterval: TightPolling}).WithDefaults().Validate(); err != nil {
 		t.Fatalf("TightPolling rejected: %v", err)
+	}
+	if o := (HeartbeatOptions{LockLostAfter: NoLockLossEviction}).WithDefaults(); o.Validate() != nil || o.LockLostAfter != NoLockLossEviction {
+		t.Fatalf("HeartbeatOptions with NoLockLossEviction: %+v, %v", o, o.Validate())
+	}
+	if o := (MaintenanceOptions{LockLostAfter: NoLockLossEviction}).WithDefaults(); o.Validate() != nil || o.LockLostAfter != NoLockLossEviction {
+		t.Fatalf("MaintenanceOptions with NoLockLossEviction: %+v, %v", o, o.Validate())
 	}
 	// Unset fields are invalid when Validate is called without WithDefaults.
 	if err := (ClaimOptions{}).Validate(); err == nil || !strings.HasPrefix(err.Error(), "PollInterval: 0s, want > 0") {
