@@ -57,6 +57,12 @@ type Options struct {
 	AckWindow time.Duration
 
 	// Per-worker options; see package workers for each field.
+	//
+	// Failover: a peer that crashes is evicted, and its work re-claimed,
+	// about Heartbeat.LockLostAfter (3 s) + Maintenance.LockProbeInterval
+	// (1 s) after its alive-lock vanished, when the store has alive-locks
+	// (driver.Listener); otherwise, and for peers that do not report their
+	// lock, after the spec's StaleAfter (30 s) plus the time until a sweep.
 	Claim       workers.ClaimOptions
 	Heartbeat   workers.HeartbeatOptions
 	Renewal     workers.RenewalOptions
@@ -136,12 +142,17 @@ func (o Options) WithDefaults() Options {
 	if o.AckWindow == 0 {
 		o.AckWindow = DefaultAckWindow
 	}
-	// One liveness setting for both sweepers unless set apart.
+	// One liveness setting for both sweepers unless set apart. Setting
+	// Heartbeat.LockLostAfter to workers.NoLockLossEviction thus turns off
+	// lock-loss eviction altogether, the maintenance lock probe included.
 	if o.Maintenance.StaleAfter == 0 {
 		o.Maintenance.StaleAfter = o.Heartbeat.StaleAfter
 	}
 	if o.Maintenance.DeadAfter == 0 {
 		o.Maintenance.DeadAfter = o.Heartbeat.DeadAfter
+	}
+	if o.Maintenance.LockLostAfter == 0 {
+		o.Maintenance.LockLostAfter = o.Heartbeat.LockLostAfter
 	}
 	o.Claim = o.Claim.WithDefaults()
 	o.Heartbeat = o.Heartbeat.WithDefaults()

@@ -36,6 +36,9 @@ func TestOptions_DefaultsAreTheSpecs(t *testing.T) {
 		{"Renewal.LeaseGrace", o.Renewal.LeaseGrace, 30 * time.Second},
 		{"Renewal.MaxRenewalsPerWork", o.Renewal.MaxRenewalsPerWork, 6},
 		{"Maintenance.StaleAfter", o.Maintenance.StaleAfter, 30 * time.Second},
+		{"Heartbeat.LockLostAfter", o.Heartbeat.LockLostAfter, 3 * time.Second},
+		{"Maintenance.LockLostAfter", o.Maintenance.LockLostAfter, 3 * time.Second},
+		{"Maintenance.LockProbeInterval", o.Maintenance.LockProbeInterval, time.Second},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -65,6 +68,8 @@ func TestOptions_InvalidNamed(t *testing.T) {
 		{"negative heartbeat", func(o *workpump.Options) { o.Heartbeat.Interval = -time.Second }, "Heartbeat.Interval"},
 		{"grace beyond lease", func(o *workpump.Options) { o.Claim.Lease = 10 * time.Second; o.Renewal.LeaseGrace = 20 * time.Second }, "Renewal.LeaseGrace: 20s, want below Claim.Lease 10s"},
 		{"capacity below flush threshold", func(o *workpump.Options) { o.Renewal.Capacity = 10; o.Renewal.ImmediateFlushAt = 50 }, "Renewal.Capacity"},
+		{"negative lock-lost cutoff", func(o *workpump.Options) { o.Heartbeat.LockLostAfter = -time.Second }, "Heartbeat.LockLostAfter: -1s"},
+		{"negative lock probe interval", func(o *workpump.Options) { o.Maintenance.LockProbeInterval = -time.Second }, "Maintenance.LockProbeInterval: -1s"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -83,4 +88,24 @@ func TestOptions_InvalidNamed(t *testing.T) {
 		t.Fatalf("New(nil) = %v, want ErrInvalidArgument", err)
 	}
 	_ = workers.TightPolling
+}
+
+// Heartbeat.LockLostAfter is the one lock-loss setting unless Maintenance
+// sets its own: the heartbeat's sweep and the lock probe agree.
+func TestOptions_LockLostAfterSharedWithMaintenance(t *testing.T) {
+	o := workpump.Options{Heartbeat: workers.HeartbeatOptions{LockLostAfter: 5 * time.Second}}.WithDefaults()
+	if o.Maintenance.LockLostAfter != 5*time.Second {
+		t.Errorf("Maintenance.LockLostAfter = %v, want Heartbeat's 5s", o.Maintenance.LockLostAfter)
+	}
+	o = workpump.Options{Heartbeat: workers.HeartbeatOptions{LockLostAfter: workers.NoLockLossEviction}}.WithDefaults()
+	if o.Maintenance.LockLostAfter != workers.NoLockLossEviction || o.Validate() != nil {
+		t.Errorf("NoLockLossEviction on Heartbeat: Maintenance.LockLostAfter = %v, Validate = %v; want the probe off too", o.Maintenance.LockLostAfter, o.Validate())
+	}
+	o = workpump.Options{
+		Heartbeat:   workers.HeartbeatOptions{LockLostAfter: 5 * time.Second},
+		Maintenance: workers.MaintenanceOptions{LockLostAfter: 2 * time.Second},
+	}.WithDefaults()
+	if o.Heartbeat.LockLostAfter != 5*time.Second || o.Maintenance.LockLostAfter != 2*time.Second {
+		t.Errorf("set apart: Heartbeat %v, Maintenance %v; want 5s and 2s kept", o.Heartbeat.LockLostAfter, o.Maintenance.LockLostAfter)
+	}
 }

@@ -5,9 +5,11 @@
 // heartbeat, claims leased batches, runs handlers with bounded concurrency
 // while keeping each stream's items in order, renews leases of long
 // handlers, completes or fails items in coalesced batches, and on Stop
-// releases everything it holds so peers take over at once. The drivers live
-// in driver/pgxdriver, driver/bundriver and driver/memdriver; the background
-// loops in package workers.
+// releases everything it holds so peers take over at once. When a peer
+// crashes instead, its alive-lock vanishes with its listener session and
+// the survivors' lock probe evicts it within seconds (see Options). The
+// drivers live in driver/pgxdriver, driver/bundriver and driver/memdriver;
+// the background loops in package workers.
 package workpump
 
 import (
@@ -229,9 +231,10 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 			},
 			OnGateChange: func(up bool) {
 				if !up {
-					// The listener took the alive-lock with it: beat now
-					// at the fast cadence, before peers see this instance
-					// stale and unlocked and evict it.
+					// The listener took the alive-lock with it: beat now,
+					// saying so, before peers evict this instance for a
+					// vouched-for lock that is gone (lock-loss eviction)
+					// or for being stale and unlocked.
 					p.hb.Recheck()
 				}
 				if o.Hooks.GateChanged != nil {
