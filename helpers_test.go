@@ -7,12 +7,15 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/workpump/workpump/driver/memdriver"
+	"github.com/workpump/workpump/internal/pgtest"
 )
 
 func memStoreForOptions() *memdriver.Store { return memdriver.New(memdriver.Options{}) }
 
 func TestMain(m *testing.M) {
-	if code := m.Run(); code != 0 {
+	code := m.Run()
+	pgtest.CloseShared()
+	if code != 0 {
 		os.Exit(code)
 	}
 	if err := goleak.Find(); err != nil {
