@@ -13,6 +13,10 @@
 //   - a migration tool of your own: Render(schema) returns each version's up
 //     and down SQL, and FS exposes the raw templates.
 //
+// The migrator holds a session advisory lock across several transactions,
+// so run it over a direct connection to Postgres, not through a transaction
+// pooler such as PgBouncer in transaction mode.
+//
 // Every object lives in one schema (default "public") and is named with the
 // wp_ prefix. The schema name must match ^[a-z_][a-z0-9_]{0,62}$ and is
 // always quoted in the SQL; anything else is rejected before any SQL runs.

@@ -193,8 +193,9 @@ func (c *Coordinator) Enqueue(ctx context.Context, items []driver.NewWork) ([]uu
 
 // EnqueueTx stores items inside the caller's transaction: they become
 // claimable, and their wake-up NOTIFY is delivered, only when tx commits.
-// Until then the items' streams stay key-share locked, so a claim skips
-// those streams and a concurrent enqueue of the same stream waits.
+// Until then the items' streams stay locked: a claim skips those streams and
+// a concurrent enqueue of the same stream waits, so a stream's rows commit
+// in seq order.
 func (c *Coordinator) EnqueueTx(ctx context.Context, tx pgx.Tx, items []driver.NewWork) ([]uuid.UUID, error) {
 	if tx == nil {
 		return nil, fmt.Errorf("%w: tx: nil", driver.ErrInvalidArgument)

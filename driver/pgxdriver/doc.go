@@ -18,9 +18,11 @@
 //
 // EnqueueTx writes work inside the caller's pgx.Tx (the transactional
 // outbox): the rows and their wake-up NOTIFY become visible only when the
-// caller commits. It key-share locks the stream rows of the items until that
-// commit, so enqueues of one stream are ordered by commit, and a claim skips
-// a stream while an enqueue of it is still open. CompleteTx and
+// caller commits. It locks the items' stream lock rows until that commit, so
+// enqueues of one stream wait for each other and commit in seq order, and a
+// claim skips a stream while an enqueue of it is still open. (Two
+// transactions that enqueue to the same two streams in opposite orders can
+// deadlock; Postgres aborts one of them.) CompleteTx and
 // CompleteDeliveryTx complete work inside the caller's transaction
 // (transactional completion: the handler's effects and the completion commit
 // or roll back together).

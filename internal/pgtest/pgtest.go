@@ -172,7 +172,8 @@ func Schema(t testing.TB) string {
 	name := SchemaName(t)
 	db := stdlib.OpenDBFromPool(Pool(t))
 	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Generous: on a loaded machine DDL waits behind other tests' catalog work.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if _, err := migrations.Up(ctx, db, name); err != nil {
 		t.Fatalf("pgtest: migrate schema %s: %v", name, err)

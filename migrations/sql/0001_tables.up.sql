@@ -70,23 +70,33 @@ CREATE TABLE {{.S}}.wp_service_instances (
 COMMENT ON TABLE {{.S}}.wp_service_instances IS
     'workpump: registered (live) pump instances; rank = position by instance_id';
 
--- One row per stream: its owner and stream lease, shared by every category.
--- Enqueue creates the row (ownerless) and key-share locks it until commit,
--- and ClaimWork locks it FOR UPDATE SKIP LOCKED before taking rows of the
--- stream, so neither a concurrent claimer nor a still-open enqueue of the
--- same stream can interleave with a claim. claimed_at is null until the
--- stream is first claimed (the Inspector reports such rows as absent).
+-- One row per claimed stream: its owner and stream lease, shared by every
+-- category. Released streams keep their row with no owner until purged.
 CREATE TABLE {{.S}}.wp_active_streams (
     stream_id            text        PRIMARY KEY,
     assigned_instance_id uuid,
     lease_expiry         timestamptz,
-    claimed_at           timestamptz
+    CONSTRAINT wp_active_streams_lease_pair CHECK ((assigned_instance_id IS NULL) = (lease_expiry IS NULL))
 );
 
 CREATE INDEX wp_active_streams_owner ON {{.S}}.wp_active_streams (assigned_instance_id)
     WHERE assigned_instance_id IS NOT NULL;
 
-COMMENT ON TABLE {{.S}}.wp_active_streams IS 'workpump: stream ownership (stream lease) and stream lock rows';
+COMMENT ON TABLE {{.S}}.wp_active_streams IS 'workpump: stream ownership (stream leases)';
+
+-- One lock row per stream, never updated (so locking it never causes a
+-- serialization failure in a REPEATABLE READ caller). Enqueue locks the rows
+-- of its streams FOR NO KEY UPDATE until the caller commits, so enqueues of
+-- one stream are serialized and commit in seq order; ClaimWork locks them
+-- FOR UPDATE SKIP LOCKED before it takes rows of a stream, so it never
+-- interleaves with an open enqueue or another claim of the same stream.
+-- The rows carry no state: Purge deletes unlocked ones, and the next
+-- enqueue or claim of the stream creates its row again.
+CREATE TABLE {{.S}}.wp_stream_locks (
+    stream_id text PRIMARY KEY
+);
+
+COMMENT ON TABLE {{.S}}.wp_stream_locks IS 'workpump: per-stream lock rows (enqueue/claim serialization)';
 
 CREATE TABLE {{.S}}.wp_dead_letters (
     dead_letter_id   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

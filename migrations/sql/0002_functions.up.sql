@@ -109,10 +109,11 @@ $fn$;
 -- returns the number of rows inserted. An id already present in its table is
 -- skipped (ON CONFLICT DO NOTHING): inbox rows stay after processing, so a
 -- redelivered inbox message is deduplicated. Partitions are computed by the
--- caller (driver.PartitionOf). The streams of the items are key-share locked
--- until the caller's transaction ends, so their seq order is their commit
--- order. Each due item NOTIFYs the instance that will claim it (the live
--- stream owner, else the rank owner); NOTIFY is sent at commit.
+-- caller (driver.PartitionOf). The stream lock rows of the items stay locked
+-- until the caller's transaction ends, so enqueues of one stream commit in
+-- seq order and no claim takes the stream meanwhile. Each due item NOTIFYs
+-- the instance that will claim it (the live stream owner, else the rank
+-- owner); NOTIFY is sent at commit.
 CREATE FUNCTION {{.S}}.wp_enqueue(
     p_categories    text[],
     p_ids           uuid[],
@@ -156,15 +157,17 @@ BEGIN
         RAISE EXCEPTION 'workpump: wp_enqueue: unknown category in p_categories' USING ERRCODE = 'WP002';
     END IF;
 
+    -- Serialize with other enqueues and claims of the same streams until
+    -- the caller commits (sorted, so one call cannot deadlock itself).
     v_streams := ARRAY(SELECT DISTINCT s FROM unnest(p_streams) s WHERE s <> '' ORDER BY s);
     IF cardinality(v_streams) > 0 THEN
-        INSERT INTO {{.S}}.wp_active_streams (stream_id)
+        INSERT INTO {{.S}}.wp_stream_locks (stream_id)
         SELECT s FROM unnest(v_streams) s ORDER BY s
         ON CONFLICT (stream_id) DO NOTHING;
-        PERFORM 1 FROM {{.S}}.wp_active_streams a
-          WHERE a.stream_id = ANY (v_streams)
-          ORDER BY a.stream_id
-            FOR KEY SHARE;
+        PERFORM 1 FROM {{.S}}.wp_stream_locks l
+          WHERE l.stream_id = ANY (v_streams)
+          ORDER BY l.stream_id
+            FOR NO KEY UPDATE;
     END IF;
 {{range .Cats}}
     IF '{{.Name}}' = ANY (p_categories) THEN
@@ -226,10 +229,12 @@ $fn$;
 -- Nothing claimable means nothing written: cheap probes on the partial
 -- indexes decide first, and every write comes after candidates exist.
 -- Order safety under races: after choosing candidates (one snapshot), their
--- stream rows are locked FOR UPDATE SKIP LOCKED (a concurrent claimer or an
--- open enqueue of the stream makes this claim skip the stream), then the rows
--- are re-checked and locked under a new snapshot, and a candidate that can no
--- longer be taken drops every later candidate of its scope.
+-- stream lock rows are locked FOR UPDATE SKIP LOCKED (a concurrent claimer or
+-- an open enqueue of the stream makes this claim skip the stream; enqueues of
+-- a stream are serialized, so rows committed after the snapshot come after
+-- every candidate in seq), then the rows are re-checked and locked under a
+-- new snapshot, and a candidate that can no longer be taken drops every later
+-- candidate of its scope.
 -- Plans avoid joins between array-derived sets (their row estimates are
 -- guesses): per-row lookups are correlated index probes, and the common
 -- paths (every stream locked, every row locked) skip the gap bookkeeping.
@@ -267,6 +272,7 @@ DECLARE
     v_found    boolean;
     v_streams  text[];
     v_owned    text[] := '{}';
+    v_locked   text[];
     v_all      boolean;
     v_tids     tid[];
     v_got      uuid[];
@@ -379,22 +385,24 @@ BEGIN
          WHERE s <> ''
          ORDER BY s);
     IF cardinality(v_streams) > 0 THEN
-        -- Enqueue creates these rows; this only matters after a purge.
-        INSERT INTO {{.S}}.wp_active_streams (stream_id)
+        -- Lock the streams (an open enqueue or a concurrent claim of a
+        -- stream makes us skip it), then take ownership of those not owned
+        -- by another live instance with an unexpired stream lease.
+        INSERT INTO {{.S}}.wp_stream_locks (stream_id)
         SELECT s FROM unnest(v_streams) s ORDER BY s
         ON CONFLICT (stream_id) DO NOTHING;
-        WITH lk AS (
-            SELECT a.stream_id
-              FROM {{.S}}.wp_active_streams a
-             WHERE a.stream_id = ANY (v_streams)
-               AND (a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
-                    OR a.lease_expiry < v_now OR NOT (a.assigned_instance_id = ANY (v_live_ids)))
-             ORDER BY a.stream_id
-               FOR UPDATE SKIP LOCKED),
-        up AS (
-            UPDATE {{.S}}.wp_active_streams a
-               SET assigned_instance_id = p_instance_id, lease_expiry = v_exp, claimed_at = v_now
-             WHERE a.stream_id = ANY (ARRAY(SELECT lk.stream_id FROM lk))
+        v_locked := ARRAY(
+            SELECT l.stream_id FROM {{.S}}.wp_stream_locks l
+             WHERE l.stream_id = ANY (v_streams)
+             ORDER BY l.stream_id
+               FOR UPDATE SKIP LOCKED);
+        WITH up AS (
+            INSERT INTO {{.S}}.wp_active_streams AS a (stream_id, assigned_instance_id, lease_expiry)
+            SELECT s, p_instance_id, v_exp FROM unnest(v_locked) s ORDER BY s
+            ON CONFLICT (stream_id) DO UPDATE
+               SET assigned_instance_id = EXCLUDED.assigned_instance_id, lease_expiry = EXCLUDED.lease_expiry
+             WHERE a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
+                OR a.lease_expiry < v_now OR NOT (a.assigned_instance_id = ANY (v_live_ids))
             RETURNING a.stream_id)
         SELECT COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
     END IF;
@@ -895,9 +903,10 @@ $fn$;
 
 -- wp_purge removes history: processed rows (inbox dedupe records) processed
 -- before now - p_processed_ns, dead letters older than now - p_dead_ns, and
--- claimed stream rows whose lease ended before now - p_streams_ns (released
--- streams have no lease and always qualify). A null or zero age skips that
--- purge. Stream rows locked by an open enqueue or claim are skipped.
+-- stream ownership rows whose lease ended before now - p_streams_ns (released
+-- streams have no lease and always qualify), with the idle lock rows of
+-- unowned streams. A null or zero age skips that purge. Rows locked by an
+-- open enqueue or claim are skipped.
 CREATE FUNCTION {{.S}}.wp_purge(
     p_processed_ns bigint,
     p_dead_ns      bigint,
@@ -930,10 +939,16 @@ BEGIN
         DELETE FROM {{.S}}.wp_active_streams a
          WHERE a.stream_id IN (
             SELECT s.stream_id FROM {{.S}}.wp_active_streams s
-             WHERE s.claimed_at IS NOT NULL
-               AND (s.lease_expiry IS NULL OR s.lease_expiry < v_now - {{.S}}.wp_ns(p_streams_ns))
+             WHERE s.lease_expiry IS NULL OR s.lease_expiry < v_now - {{.S}}.wp_ns(p_streams_ns)
                FOR UPDATE SKIP LOCKED);
         GET DIAGNOSTICS v_s = ROW_COUNT;
+        -- Lock rows of streams without ownership carry no state; drop the
+        -- ones nobody holds (the next enqueue or claim recreates them).
+        DELETE FROM {{.S}}.wp_stream_locks l
+         WHERE l.stream_id IN (
+            SELECT k.stream_id FROM {{.S}}.wp_stream_locks k
+             WHERE NOT EXISTS (SELECT 1 FROM {{.S}}.wp_active_streams a WHERE a.stream_id = k.stream_id)
+               FOR UPDATE SKIP LOCKED);
     END IF;
     RETURN QUERY SELECT v_p, v_d, v_s;
 END
@@ -1026,15 +1041,15 @@ AS $fn$
      LIMIT CASE WHEN p_limit > 0 THEN p_limit END
 $fn$;
 
--- wp_get_stream_owner returns a stream's ownership row once the stream has
--- been claimed (rows that only serve as enqueue locks are not reported).
+-- wp_get_stream_owner returns a stream's ownership row (it exists once the
+-- stream was claimed, until purged).
 CREATE FUNCTION {{.S}}.wp_get_stream_owner(p_stream_id text)
 RETURNS TABLE (assigned_instance_id uuid, lease_expiry timestamptz)
 LANGUAGE sql STABLE
 AS $fn$
     SELECT a.assigned_instance_id, a.lease_expiry
       FROM {{.S}}.wp_active_streams a
-     WHERE a.stream_id = p_stream_id AND a.claimed_at IS NOT NULL
+     WHERE a.stream_id = p_stream_id
 $fn$;
 
 -- wp_stats counts each category's rows at now: ready (due, unowned or
