@@ -49,6 +49,8 @@ func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformanc
 	return st
 }
 
+var _ conformance.ListenerInterrupter = (*faults)(nil)
+
 func (h harness) MakeBenchmarkStore(b *testing.B, cfg conformance.StoreConfig) conformance.Store {
 	return conformance.Store{Coordinator: newTestCoordinator(b, h.simple, cfg.Now, cfg.PartitionCount)}
 }
@@ -91,6 +93,21 @@ func (f *faults) KillListener(id uuid.UUID) error {
 	}
 	if n == 0 {
 		return errors.New("KillListener: the instance has no connected listener")
+	}
+	return nil
+}
+
+// InterruptListener terminates the instance's listener backend as a network
+// blip would: the process lives on, so the subscription reconnects.
+func (f *faults) InterruptListener(id uuid.UUID) error {
+	pids := f.c.listenerPIDs(id)
+	if len(pids) == 0 {
+		return errors.New("InterruptListener: the instance has no connected listener")
+	}
+	for _, pid := range pids {
+		if err := terminateBackend(context.Background(), f.c.pool, pid); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -62,14 +62,15 @@ func newStatements(schema string) statements {
 		complete: `SELECT * FROM ` + s + `.wp_complete($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz)`,
 		fail: `SELECT * FROM ` + s + `.wp_fail($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::text[], $6::bigint[], ` +
 			`$7::integer, $8::bigint, $9::bigint, $10::timestamptz)`,
-		release:    `SELECT * FROM ` + s + `.wp_release($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz)`,
-		heartbeat:  `SELECT * FROM ` + s + `.wp_record_heartbeat($1::uuid, $2::text, $3::text, $4::integer, $5::text, $6::bigint, $7::bigint, $8::timestamptz)`,
-		cleanup:    `SELECT * FROM ` + s + `.wp_cleanup_stale_instances($1::bigint, $2::bigint, $3::timestamptz)`,
+		release: `SELECT * FROM ` + s + `.wp_release($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz)`,
+		heartbeat: `SELECT * FROM ` + s + `.wp_record_heartbeat($1::uuid, $2::text, $3::text, $4::integer, $5::text, $6::bigint, $7::bigint, ` +
+			`$8::timestamptz, $9::boolean, $10::bigint)`,
+		cleanup:    `SELECT * FROM ` + s + `.wp_cleanup_stale_instances($1::bigint, $2::bigint, $3::timestamptz, $4::bigint)`,
 		deregister: `SELECT ` + s + `.wp_deregister($1::uuid, $2::timestamptz)`,
 		purge:      `SELECT * FROM ` + s + `.wp_purge($1::bigint, $2::bigint, $3::bigint, $4::timestamptz)`,
 
 		getWork:       `SELECT * FROM ` + s + `.wp_get_work($1::text, $2::uuid)`,
-		listInstances: `SELECT * FROM ` + s + `.wp_list_instances()`,
+		listInstances: `SELECT * FROM ` + s + `.wp_instance_states()`,
 		listDead:      `SELECT * FROM ` + s + `.wp_list_dead_letters($1::integer)`,
 		streamOwner:   `SELECT * FROM ` + s + `.wp_get_stream_owner($1::text)`,
 		stats:         `SELECT * FROM ` + s + `.wp_stats($1::timestamptz)`,
@@ -533,8 +534,10 @@ func (c *Coordinator) Release(ctx context.Context, instanceID uuid.UUID, refs []
 
 // ---- instances ----
 
-// RecordHeartbeat upserts the instance row and, when another instance is
-// older than StaleAfter, runs the stale sweep; it returns the evicted ids.
+// RecordHeartbeat upserts the instance row (with the reported alive-lock
+// state, clearing any lock-missing note) and, when another instance is
+// older than StaleAfter or (with LockLostAfter) lost the lock it reported,
+// runs the sweep; it returns the evicted ids.
 func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
 	if err := ctx.Err(); err != nil {
 		return driver.HeartbeatResult{}, err
@@ -544,7 +547,7 @@ func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatR
 	}
 	in := req.Instance
 	rows, err := c.pool.Query(ctx, c.sql.heartbeat, in.ID, in.ServiceName, in.Host, int32(min(in.PID, 1<<31-1)), string(in.Metadata),
-		req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg())
+		req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg(), req.AliveLockHeld, req.LockLostAfter.Nanoseconds())
 	if err != nil {
 		return driver.HeartbeatResult{}, c.sqlErr("RecordHeartbeat", err)
 	}
@@ -556,9 +559,10 @@ func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatR
 }
 
 // CleanupStale evicts instances older than StaleAfter whose alive-lock is
-// free, and instances older than DeadAfter regardless, releases their work
-// and streams, signals the survivors, and returns the evicted ids in rank
-// order.
+// free, instances older than DeadAfter regardless, and (with LockLostAfter)
+// instances whose reported lock stayed missing that long after a sweep
+// first noted it; it releases their work and streams, signals the
+// survivors, and returns the evicted ids in rank order.
 func (c *Coordinator) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -566,7 +570,7 @@ func (c *Coordinator) CleanupStale(ctx context.Context, req driver.CleanupReques
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	rows, err := c.pool.Query(ctx, c.sql.cleanup, req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg())
+	rows, err := c.pool.Query(ctx, c.sql.cleanup, req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg(), req.LockLostAfter.Nanoseconds())
 	if err != nil {
 		return nil, c.sqlErr("CleanupStale", err)
 	}

@@ -64,7 +64,13 @@ CREATE TABLE {{.S}}.wp_service_instances (
     process_id        integer     NOT NULL DEFAULT 0,
     metadata          json        NOT NULL DEFAULT '{}',
     started_at        timestamptz NOT NULL,
-    last_heartbeat_at timestamptz NOT NULL
+    last_heartbeat_at timestamptz NOT NULL,
+    -- What the last heartbeat said about the instance's alive-lock, and when
+    -- a lock-loss sweep first saw that lock missing (driver.CleanupRequest.
+    -- LockLostAfter): only an instance that vouched for its lock can be
+    -- evicted for losing it.
+    reported_alive_lock boolean   NOT NULL DEFAULT false,
+    lock_missing_since timestamptz
 );
 
 COMMENT ON TABLE {{.S}}.wp_service_instances IS

@@ -4,6 +4,7 @@ DROP FUNCTION IF EXISTS {{.S}}.wp_stats;
 DROP FUNCTION IF EXISTS {{.S}}.wp_get_stream_owner;
 DROP FUNCTION IF EXISTS {{.S}}.wp_list_dead_letters;
 DROP FUNCTION IF EXISTS {{.S}}.wp_list_instances;
+DROP FUNCTION IF EXISTS {{.S}}.wp_instance_states;
 DROP FUNCTION IF EXISTS {{.S}}.wp_get_work;
 DROP FUNCTION IF EXISTS {{.S}}.wp_purge;
 DROP FUNCTION IF EXISTS {{.S}}.wp_deregister;

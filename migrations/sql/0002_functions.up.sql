@@ -7,6 +7,8 @@
 --    row count is a guess.
 --  * Every function takes p_now timestamptz DEFAULT NULL and works at
 --    COALESCE(p_now, now()): the database clock unless a test harness injects one.
+--    Parameters added later follow p_now, with defaults, so older call
+--    texts keep working.
 --  * Durations are bigint nanoseconds (Go time.Duration); stored times are
 --    truncated to microseconds, as Go's Truncate(time.Microsecond) would.
 --  * Errors: SQLSTATE WP001 unknown instance, WP002 unknown category, WP003
@@ -783,14 +785,21 @@ $fn$;
 
 -- wp_cleanup_stale_instances evicts instances whose last heartbeat is older
 -- than now - p_stale_ns and whose alive-lock no session holds, and instances
--- older than now - p_dead_ns regardless of the lock (half-open peers). It
--- releases their leases and streams, NOTIFYs every surviving instance
--- 'orphan', and returns the evicted ids in rank order. Rows a concurrent
--- claim or cleanup has locked are skipped.
+-- older than now - p_dead_ns regardless of the lock (half-open peers). With
+-- p_lock_lost_ns > 0 it also applies the lock-loss rule to instances whose
+-- last heartbeat reported their lock held: the first sweep that finds the
+-- lock missing notes the time (lock_missing_since), a sweep that finds it
+-- held again clears the note, and a sweep that finds it still missing
+-- p_lock_lost_ns or more after the note evicts the instance. (0 leaves notes
+-- alone.) Evicted instances' leases and streams are released, every
+-- surviving instance is NOTIFYed 'orphan', and the evicted ids are returned
+-- in rank order. Instance rows a concurrent claim holds are skipped. Notes
+-- are the only writes when nobody is evicted.
 CREATE FUNCTION {{.S}}.wp_cleanup_stale_instances(
-    p_stale_ns bigint,
-    p_dead_ns  bigint,
-    p_now      timestamptz DEFAULT NULL)
+    p_stale_ns     bigint,
+    p_dead_ns      bigint,
+    p_now          timestamptz DEFAULT NULL,
+    p_lock_lost_ns bigint DEFAULT 0)
 RETURNS SETOF uuid
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -798,6 +807,7 @@ AS $fn$
 #variable_conflict use_column
 DECLARE
     v_now   timestamptz := COALESCE(p_now, now());
+    v_lost  boolean := COALESCE(p_lock_lost_ns, 0) > 0;
     v_stale timestamptz;
     v_dead  timestamptz;
     v_cand  uuid[];
@@ -807,11 +817,14 @@ BEGIN
     IF p_stale_ns IS NULL OR p_stale_ns <= 0 OR p_dead_ns IS NULL OR p_dead_ns < p_stale_ns THEN
         RAISE EXCEPTION 'workpump: wp_cleanup_stale_instances: need 0 < p_stale_ns <= p_dead_ns' USING ERRCODE = '22023';
     END IF;
+    IF p_lock_lost_ns < 0 THEN
+        RAISE EXCEPTION 'workpump: wp_cleanup_stale_instances: p_lock_lost_ns is negative' USING ERRCODE = '22023';
+    END IF;
     v_stale := v_now - {{.S}}.wp_ns(p_stale_ns);
     v_dead := v_now - {{.S}}.wp_ns(p_dead_ns);
     SELECT array_agg(i.instance_id) INTO v_cand
       FROM {{.S}}.wp_service_instances i
-     WHERE i.last_heartbeat_at < v_stale;
+     WHERE i.last_heartbeat_at < v_stale OR (v_lost AND i.reported_alive_lock);
     IF v_cand IS NULL THEN
         RETURN;
     END IF;
@@ -820,8 +833,11 @@ BEGIN
         SELECT i.instance_id
           FROM {{.S}}.wp_service_instances i
          WHERE i.instance_id = ANY (v_cand)
-           AND i.last_heartbeat_at < v_stale
-           AND (i.last_heartbeat_at < v_dead OR NOT (i.instance_id = ANY (v_held)))
+           AND (i.last_heartbeat_at < v_dead
+                OR (i.last_heartbeat_at < v_stale AND NOT (i.instance_id = ANY (v_held)))
+                OR (v_lost AND i.reported_alive_lock AND NOT (i.instance_id = ANY (v_held))
+                    AND i.lock_missing_since IS NOT NULL
+                    AND v_now >= i.lock_missing_since + {{.S}}.wp_ns(p_lock_lost_ns)))
          ORDER BY i.instance_id
            FOR UPDATE SKIP LOCKED),
     d AS (
@@ -830,6 +846,17 @@ BEGIN
          WHERE i.instance_id = v.instance_id
         RETURNING i.instance_id)
     SELECT array_agg(d.instance_id ORDER BY d.instance_id) INTO v_gone FROM d;
+    IF v_lost THEN
+        -- Notes: the first sighting of a missing reported lock, and the
+        -- end of a note once the lock is held again. Rows already in the
+        -- right state are not touched (an idle probe writes nothing).
+        UPDATE {{.S}}.wp_service_instances i
+           SET lock_missing_since = CASE WHEN i.instance_id = ANY (v_held) THEN NULL ELSE v_now END
+         WHERE i.instance_id = ANY (v_cand) AND i.reported_alive_lock
+           AND NOT (i.instance_id = ANY (COALESCE(v_gone, '{}')))
+           AND (CASE WHEN i.instance_id = ANY (v_held) THEN i.lock_missing_since IS NOT NULL
+                     ELSE i.lock_missing_since IS NULL END);
+    END IF;
     IF v_gone IS NULL THEN
         RETURN;
     END IF;
@@ -841,41 +868,58 @@ END
 $fn$;
 
 -- wp_record_heartbeat upserts the instance row (started_at on first insert,
--- last_heartbeat_at = now, identity fields refreshed) and, only when another
--- instance is older than the stale cutoff, runs wp_cleanup_stale_instances.
--- Returns the evicted ids.
+-- last_heartbeat_at = now, identity fields refreshed, the reported alive-lock
+-- state stored and any lock-missing note cleared) and, only when another
+-- instance is older than the stale cutoff or (with p_lock_lost_ns > 0) has
+-- lost the lock it reported, runs wp_cleanup_stale_instances. Returns the
+-- evicted ids.
 CREATE FUNCTION {{.S}}.wp_record_heartbeat(
-    p_instance_id  uuid,
-    p_service_name text,
-    p_host_name    text,
-    p_process_id   integer,
-    p_metadata     text,
-    p_stale_ns     bigint,
-    p_dead_ns      bigint,
-    p_now          timestamptz DEFAULT NULL)
+    p_instance_id     uuid,
+    p_service_name    text,
+    p_host_name       text,
+    p_process_id      integer,
+    p_metadata        text,
+    p_stale_ns        bigint,
+    p_dead_ns         bigint,
+    p_now             timestamptz DEFAULT NULL,
+    p_alive_lock_held boolean DEFAULT false,
+    p_lock_lost_ns    bigint DEFAULT 0)
 RETURNS SETOF uuid
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := COALESCE(p_now, now());
+    v_now    timestamptz := COALESCE(p_now, now());
+    v_others uuid[];
 BEGIN
     IF p_stale_ns IS NULL OR p_stale_ns <= 0 OR p_dead_ns IS NULL OR p_dead_ns < p_stale_ns THEN
         RAISE EXCEPTION 'workpump: wp_record_heartbeat: need 0 < p_stale_ns <= p_dead_ns' USING ERRCODE = '22023';
     END IF;
+    IF p_lock_lost_ns < 0 THEN
+        RAISE EXCEPTION 'workpump: wp_record_heartbeat: p_lock_lost_ns is negative' USING ERRCODE = '22023';
+    END IF;
     INSERT INTO {{.S}}.wp_service_instances AS i
-        (instance_id, service_name, host_name, process_id, metadata, started_at, last_heartbeat_at)
+        (instance_id, service_name, host_name, process_id, metadata, started_at, last_heartbeat_at, reported_alive_lock)
     VALUES (p_instance_id, COALESCE(p_service_name, ''), COALESCE(p_host_name, ''), COALESCE(p_process_id, 0),
-            COALESCE(NULLIF(p_metadata, ''), '{}')::json, v_now, v_now)
+            COALESCE(NULLIF(p_metadata, ''), '{}')::json, v_now, v_now, COALESCE(p_alive_lock_held, false))
     ON CONFLICT (instance_id) DO UPDATE
        SET service_name = EXCLUDED.service_name, host_name = EXCLUDED.host_name,
            process_id = EXCLUDED.process_id, metadata = EXCLUDED.metadata,
-           last_heartbeat_at = EXCLUDED.last_heartbeat_at;
+           last_heartbeat_at = EXCLUDED.last_heartbeat_at,
+           reported_alive_lock = EXCLUDED.reported_alive_lock, lock_missing_since = NULL;
     IF EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i
                 WHERE i.instance_id <> p_instance_id
                   AND i.last_heartbeat_at < v_now - {{.S}}.wp_ns(p_stale_ns)) THEN
-        RETURN QUERY SELECT * FROM {{.S}}.wp_cleanup_stale_instances(p_stale_ns, p_dead_ns, v_now);
+        RETURN QUERY SELECT * FROM {{.S}}.wp_cleanup_stale_instances(p_stale_ns, p_dead_ns, v_now, p_lock_lost_ns);
+        RETURN;
+    END IF;
+    IF COALESCE(p_lock_lost_ns, 0) > 0 THEN
+        v_others := ARRAY(SELECT i.instance_id FROM {{.S}}.wp_service_instances i
+                           WHERE i.instance_id <> p_instance_id AND i.reported_alive_lock);
+        IF cardinality(v_others) > cardinality(ARRAY(SELECT {{.S}}.wp_held_alive_locks(v_others))) THEN
+            RETURN QUERY SELECT * FROM {{.S}}.wp_cleanup_stale_instances(p_stale_ns, p_dead_ns, v_now, p_lock_lost_ns);
+        END IF;
     END IF;
 END
 $fn$;
@@ -993,8 +1037,33 @@ BEGIN
 END
 $fn$;
 
--- wp_list_instances lists the registered instances in rank order, with
--- whether their alive-lock is held right now.
+-- wp_instance_states lists the registered instances in rank order, with
+-- whether their alive-lock is held right now and their lock-loss state.
+CREATE FUNCTION {{.S}}.wp_instance_states()
+RETURNS TABLE (
+    instance_id         uuid,
+    service_name        text,
+    host_name           text,
+    process_id          integer,
+    metadata            json,
+    started_at          timestamptz,
+    last_heartbeat_at   timestamptz,
+    alive_lock_held     boolean,
+    reported_alive_lock boolean,
+    lock_missing_since  timestamptz)
+LANGUAGE sql VOLATILE
+AS $fn$
+    WITH ids AS (SELECT array_agg(i.instance_id) AS a FROM {{.S}}.wp_service_instances i),
+    held AS (SELECT {{.S}}.wp_held_alive_locks(ids.a) AS instance_id FROM ids WHERE ids.a IS NOT NULL)
+    SELECT i.instance_id, i.service_name, i.host_name, i.process_id, i.metadata, i.started_at, i.last_heartbeat_at,
+           EXISTS (SELECT 1 FROM held h WHERE h.instance_id = i.instance_id),
+           i.reported_alive_lock, i.lock_missing_since
+      FROM {{.S}}.wp_service_instances i
+     ORDER BY i.instance_id
+$fn$;
+
+-- wp_list_instances is wp_instance_states without the lock-loss columns
+-- (the shape of the first drivers).
 CREATE FUNCTION {{.S}}.wp_list_instances()
 RETURNS TABLE (
     instance_id       uuid,
@@ -1007,12 +1076,9 @@ RETURNS TABLE (
     alive_lock_held   boolean)
 LANGUAGE sql VOLATILE
 AS $fn$
-    WITH ids AS (SELECT array_agg(i.instance_id) AS a FROM {{.S}}.wp_service_instances i),
-    held AS (SELECT {{.S}}.wp_held_alive_locks(ids.a) AS instance_id FROM ids WHERE ids.a IS NOT NULL)
-    SELECT i.instance_id, i.service_name, i.host_name, i.process_id, i.metadata, i.started_at, i.last_heartbeat_at,
-           EXISTS (SELECT 1 FROM held h WHERE h.instance_id = i.instance_id)
-      FROM {{.S}}.wp_service_instances i
-     ORDER BY i.instance_id
+    SELECT s.instance_id, s.service_name, s.host_name, s.process_id, s.metadata, s.started_at, s.last_heartbeat_at,
+           s.alive_lock_held
+      FROM {{.S}}.wp_instance_states() s
 $fn$;
 
 -- wp_list_dead_letters lists dead letters oldest first; p_limit <= 0 means all.
