@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,77 +27,117 @@ func (h harness) Capabilities() conformance.Capabilities {
 func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
 	schema := pgtest.Schema(t)
 	opts := bundriver.Options{
-		Schema:         schema,
-		PartitionCount: cfg.PartitionCount,
-		Now:            cfg.Now,
-		// A killed listener must stay down for the rest of the case, as a
-		// dead process's would: the reconnect backoff outlasts any case.
-		// (pgxdriver's harness flags its subscriptions instead; bundriver
-		// runs that listener but keeps to its public API.)
-		ListenerReconnectMin: time.Hour,
-		ListenerReconnectMax: time.Hour,
+		Schema:               schema,
+		PartitionCount:       cfg.PartitionCount,
+		Now:                  cfg.Now,
+		ListenerReconnectMin: 20 * time.Millisecond,
+		ListenerReconnectMax: 200 * time.Millisecond,
 		ListenerLockRetry:    20 * time.Millisecond,
 	}
 	if h.setup == setupPgdriver {
 		// pgdriver's connections cannot be turned into a listener: the
-		// application passes its DSN.
-		opts.ListenerConnString = pgtest.URL(t)
+		// application configures one (a DSN, or this pgx config).
+		lc, err := pgx.ParseConfig(pgtest.URL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc.Tracer = listeners
+		opts.ListenerConfig = lc
 	}
 	c := newCoordinator(t, h.setup, opts)
 	return conformance.Store{Coordinator: c, Faults: &faults{t: t, schema: schema}}
 }
 
-// faults breaks a store through SQL only: the listener's backend is found
-// by the alive-lock it holds.
+var _ conformance.ListenerInterrupter = (*faults)(nil)
+
+// listenerTracer sits in the pgx config the listeners are made from (bun's
+// own stdlib config, from which the listener is derived, or the configured
+// listener config). It sees each listener session take its instance's
+// alive-lock, so the faults know which backend serves which instance, and
+// it makes the sessions of a "killed" instance fail at that point, so a
+// killed listener never holds its lock again, as a dead process would not,
+// while a merely interrupted one reconnects. The listener itself is
+// bundriver's real one; only its connections are sabotaged.
+type listenerTracer struct {
+	mu     sync.Mutex
+	pids   map[uuid.UUID]uint32
+	killed map[uuid.UUID]bool
+}
+
+var listeners = &listenerTracer{pids: map[uuid.UUID]uint32{}, killed: map[uuid.UUID]bool{}}
+
+// TraceQueryStart records (or, for a killed instance, cuts) the session
+// that tries an instance's alive-lock.
+func (l *listenerTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if !strings.Contains(data.SQL, "pg_try_advisory_lock") || len(data.Args) != 1 {
+		return ctx
+	}
+	id, ok := data.Args[0].(uuid.UUID)
+	if !ok {
+		return ctx
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.killed[id] {
+		_ = conn.PgConn().Conn().Close() // the query fails: no lock, no LISTEN
+		delete(l.pids, id)
+		return ctx
+	}
+	l.pids[id] = conn.PgConn().PID()
+	return ctx
+}
+
+// TraceQueryEnd is required by pgx.QueryTracer.
+func (l *listenerTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// terminate ends the backend of id's listener session (pg_terminate_backend
+// waits until it is gone, so its alive-lock is free on return); kill also
+// keeps the instance from connecting again.
+func (l *listenerTracer) terminate(t *testing.T, id uuid.UUID, kill bool) error {
+	l.mu.Lock()
+	pid, ok := l.pids[id]
+	if kill {
+		l.killed[id] = true
+	}
+	delete(l.pids, id)
+	l.mu.Unlock()
+	if !ok {
+		return errors.New("the instance has no listener session")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var done bool
+	if err := pgtest.Pool(t).QueryRow(ctx, `SELECT pg_terminate_backend($1::integer, 10000)`, int32(pid)).Scan(&done); err != nil {
+		return fmt.Errorf("terminate listener backend %d: %w", pid, err)
+	}
+	return nil
+}
+
+// faults breaks a store the way production breaks it.
 type faults struct {
 	t      *testing.T
 	schema string
 }
 
-// KillListener terminates the backend of the instance's listener (the
-// workpump-listener session holding its alive-lock) as a crash would;
-// pg_terminate_backend waits until the backend is gone, so the lock is free
-// when it returns.
-func (f *faults) KillListener(id uuid.UUID) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	rows, err := pgtest.Pool(f.t).Query(ctx, `
-		SELECT l.pid FROM pg_locks l
-		  JOIN pg_stat_activity a ON a.pid = l.pid
-		  CROSS JOIN (SELECT "`+f.schema+`".wp_alive_lock_key($1::uuid) AS k) key
-		 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-		   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		   AND l.classid = ((key.k >> 32) & 4294967295)::oid AND l.objid = (key.k & 4294967295)::oid
-		   AND a.application_name = 'workpump-listener'`, id)
-	if err != nil {
-		return err
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		return err
-	}
-	if len(pids) == 0 {
-		return errors.New("KillListener: no listener session holds the instance's alive-lock")
-	}
-	for _, pid := range pids {
-		var ok bool
-		if err := pgtest.Pool(f.t).QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, pid).Scan(&ok); err != nil {
-			return fmt.Errorf("terminate listener backend %d: %w", pid, err)
-		}
-	}
-	return nil
-}
+// KillListener ends the instance's listener session as a crash would and
+// keeps it from reconnecting.
+func (f *faults) KillListener(id uuid.UUID) error { return listeners.terminate(f.t, id, true) }
+
+// InterruptListener ends the instance's listener session as a network blip
+// would: the subscription reconnects by itself.
+func (f *faults) InterruptListener(id uuid.UUID) error { return listeners.terminate(f.t, id, false) }
 
 // HoldAliveLock takes the instance's alive-lock from a separate session and
 // idles, as a half-open peer's server session would. When the lock is taken
 // already, the session waits for it.
 func (f *faults) HoldAliveLock(id uuid.UUID) (func(), error) {
 	ctx := context.Background()
+	schema := f.schema
 	conn, err := pgx.ConnectConfig(ctx, pgtest.Config(f.t, pgx.QueryExecModeExec).ConnConfig)
 	if err != nil {
 		return nil, err
 	}
-	key := `"` + f.schema + `".wp_alive_lock_key($1::uuid)`
+	key := `"` + schema + `".wp_alive_lock_key($1::uuid)`
 	var held bool
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+key+`)`, id).Scan(&held); err != nil {
 		_ = conn.Close(ctx)
@@ -137,7 +178,7 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformancePgdriver runs the suite on bun over its own pgdriver, with
-// the listener on Options.ListenerConnString.
+// the listener on Options.ListenerConfig.
 func TestConformancePgdriver(t *testing.T) {
 	conformance.Run(t, harness{setup: setupPgdriver})
 }

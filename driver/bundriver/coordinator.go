@@ -63,7 +63,6 @@ type statements struct {
 
 func newStatements(schema string) statements {
 	q := pgcall.Question
-	s := `"` + schema + `"`
 	return statements{
 		enqueue:       pgcall.Enqueue.SQL(schema, q),
 		claim:         pgcall.Claim.SQL(schema, q),
@@ -76,15 +75,13 @@ func newStatements(schema string) statements {
 		deregister:    pgcall.Deregister.SQL(schema, q),
 		purge:         pgcall.Purge.SQL(schema, q),
 		getWork:       pgcall.GetWork.SQL(schema, q),
-		listInstances: pgcall.ListInstances.SQL(schema, q),
+		listInstances: pgcall.InstanceStates.SQL(schema, q),
 		listDead:      pgcall.ListDead.SQL(schema, q),
 		streamOwner:   pgcall.StreamOwner.SQL(schema, q),
 		stats:         pgcall.Stats.SQL(schema, q),
 		statsLeases:   pgcall.StatsLeases.SQL(schema, q),
 		deadCount:     pgcall.DeadCountSQL(schema),
 		version:       pgcall.VersionSQL(schema),
-		tryLock:       `SELECT pg_try_advisory_lock(` + s + `.wp_alive_lock_key(?::uuid))`,
-		unlock:        `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key(?::uuid))`,
 	}
 }
 
@@ -422,8 +419,10 @@ func (c *Coordinator) Release(ctx context.Context, instanceID uuid.UUID, refs []
 
 // ---- instances ----
 
-// RecordHeartbeat upserts the instance row and, when another instance is
-// older than StaleAfter, runs the stale sweep; it returns the evicted ids.
+// RecordHeartbeat upserts the instance row (with the reported alive-lock
+// state, clearing any lock-missing note) and, when another instance is
+// older than StaleAfter or (with LockLostAfter) lost the lock it reported,
+// runs the sweep; it returns the evicted ids.
 func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
 	if err := ctx.Err(); err != nil {
 		return driver.HeartbeatResult{}, err
@@ -433,7 +432,8 @@ func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatR
 	}
 	in := req.Instance
 	ev, err := c.queryIDs(ctx, c.db, "RecordHeartbeat", c.sql.heartbeat, in.ID.String(), in.ServiceName, in.Host,
-		pgcall.Int32(in.PID), string(in.Metadata), req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg())
+		pgcall.Int32(in.PID), string(in.Metadata), req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg(),
+		req.AliveLockHeld, req.LockLostAfter.Nanoseconds())
 	if err != nil {
 		return driver.HeartbeatResult{}, err
 	}
@@ -441,9 +441,10 @@ func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatR
 }
 
 // CleanupStale evicts instances older than StaleAfter whose alive-lock is
-// free, and instances older than DeadAfter regardless, releases their work
-// and streams, signals the survivors, and returns the evicted ids in rank
-// order.
+// free, instances older than DeadAfter regardless, and (with LockLostAfter)
+// instances whose reported lock stayed missing that long after a sweep
+// first noted it; it releases their work and streams, signals the
+// survivors, and returns the evicted ids in rank order.
 func (c *Coordinator) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -451,7 +452,8 @@ func (c *Coordinator) CleanupStale(ctx context.Context, req driver.CleanupReques
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	return c.queryIDs(ctx, c.db, "CleanupStale", c.sql.cleanup, req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg())
+	return c.queryIDs(ctx, c.db, "CleanupStale", c.sql.cleanup, req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg(),
+		req.LockLostAfter.Nanoseconds())
 }
 
 // Deregister releases every lease and stream the instance holds, deletes

@@ -99,6 +99,9 @@ func bunDB(t testing.TB, setup string) *bun.DB {
 		if setup == setupPgx {
 			cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 		}
+		// The listener derived from this config inherits the tracer the
+		// conformance faults use (see listenerTracer).
+		cfg.Tracer = listeners
 		sqldb = stdlib.OpenDB(*cfg)
 	case setupPgdriver:
 		sqldb = sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(url)))

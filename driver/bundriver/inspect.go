@@ -54,7 +54,8 @@ func (c *Coordinator) GetWork(ctx context.Context, cat driver.Category, id uuid.
 }
 
 // ListInstances returns the registered instances in rank order, with
-// whether some session holds each one's alive-lock right now.
+// whether some session holds each one's alive-lock right now, what their
+// last heartbeat reported about it, and any lock-missing note.
 func (c *Coordinator) ListInstances(ctx context.Context) ([]driver.InstanceState, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -70,10 +71,13 @@ func (c *Coordinator) ListInstances(ctx context.Context) ([]driver.InstanceState
 			is              driver.InstanceState
 			meta            []byte
 			started, lastHB time.Time
+			missing         sql.NullTime
 		)
-		if err := rows.Scan(&is.ID, &is.ServiceName, &is.Host, &is.PID, &meta, &started, &lastHB, &is.AliveLockHeld); err != nil {
+		if err := rows.Scan(&is.ID, &is.ServiceName, &is.Host, &is.PID, &meta, &started, &lastHB, &is.AliveLockHeld,
+			&is.ReportedAliveLock, &missing); err != nil {
 			return nil, c.sqlErr("ListInstances", err)
 		}
+		is.LockMissingSince = nullTime(missing)
 		is.Metadata = json.RawMessage(meta)
 		is.StartedAt = started.UTC()
 		is.LastHeartbeatAt = lastHB.UTC()

@@ -96,17 +96,21 @@ type ServiceInstance struct {
 	Metadata        json.RawMessage `bun:"metadata,type:json"`
 	StartedAt       time.Time       `bun:"started_at"`
 	LastHeartbeatAt time.Time       `bun:"last_heartbeat_at"`
+	// ReportedAliveLock is what the last heartbeat said about the
+	// instance's alive-lock; LockMissingSince is when a lock-loss sweep
+	// first found that lock missing (nil when it has not).
+	ReportedAliveLock bool       `bun:"reported_alive_lock"`
+	LockMissingSince  *time.Time `bun:"lock_missing_since"`
 }
 
-// ActiveStream is a stream's ownership row. Rows with a nil ClaimedAt were
-// created by an enqueue and never claimed.
+// ActiveStream is a claimed stream's ownership row; a released stream keeps
+// its row, with no owner, until purged.
 type ActiveStream struct {
 	bun.BaseModel `bun:"table:wp_active_streams,alias:wp_active_streams"`
 
 	StreamID           string     `bun:"stream_id,pk"`
 	AssignedInstanceID *uuid.UUID `bun:"assigned_instance_id,type:uuid"`
 	LeaseExpiry        *time.Time `bun:"lease_expiry"`
-	ClaimedAt          *time.Time `bun:"claimed_at"`
 }
 
 // DeadLetter is a row that failed MaxAttempts times, moved out of its

@@ -44,25 +44,26 @@ type Call struct {
 	Set    bool
 }
 
-// The calls the drivers make, in the SQL functions' parameter order. Every
-// function that takes p_now has it last.
+// The calls the drivers make, in the SQL functions' parameter order. p_now
+// follows the original parameters; parameters added later follow p_now
+// (with defaults in SQL, so older call texts keep working).
 var (
-	Enqueue       = Call{"wp_enqueue", []string{"text[]", "uuid[]", "text[]", "integer[]", "text[]", "text[]", "bytea[]", "text[]", "timestamptz[]", "timestamptz"}, false}
-	Claim         = Call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz"}, true}
-	Renew         = Call{"wp_renew_leases", []string{"uuid", "text", "uuid[]", "bigint", "timestamptz"}, true}
-	Complete      = Call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
-	Fail          = Call{"wp_fail", []string{"uuid", "text[]", "uuid[]", "integer[]", "text[]", "bigint[]", "integer", "bigint", "bigint", "timestamptz"}, true}
-	Release       = Call{"wp_release", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
-	Heartbeat     = Call{"wp_record_heartbeat", []string{"uuid", "text", "text", "integer", "text", "bigint", "bigint", "timestamptz"}, true}
-	Cleanup       = Call{"wp_cleanup_stale_instances", []string{"bigint", "bigint", "timestamptz"}, true}
-	Deregister    = Call{"wp_deregister", []string{"uuid", "timestamptz"}, false}
-	Purge         = Call{"wp_purge", []string{"bigint", "bigint", "bigint", "timestamptz"}, true}
-	GetWork       = Call{"wp_get_work", []string{"text", "uuid"}, true}
-	ListInstances = Call{"wp_list_instances", nil, true}
-	ListDead      = Call{"wp_list_dead_letters", []string{"integer"}, true}
-	StreamOwner   = Call{"wp_get_stream_owner", []string{"text"}, true}
-	Stats         = Call{"wp_stats", []string{"timestamptz"}, true}
-	StatsLeases   = Call{"wp_stats_leases", []string{"timestamptz"}, true}
+	Enqueue        = Call{"wp_enqueue", []string{"text[]", "uuid[]", "text[]", "integer[]", "text[]", "text[]", "bytea[]", "text[]", "timestamptz[]", "timestamptz"}, false}
+	Claim          = Call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz"}, true}
+	Renew          = Call{"wp_renew_leases", []string{"uuid", "text", "uuid[]", "bigint", "timestamptz"}, true}
+	Complete       = Call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
+	Fail           = Call{"wp_fail", []string{"uuid", "text[]", "uuid[]", "integer[]", "text[]", "bigint[]", "integer", "bigint", "bigint", "timestamptz"}, true}
+	Release        = Call{"wp_release", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
+	Heartbeat      = Call{"wp_record_heartbeat", []string{"uuid", "text", "text", "integer", "text", "bigint", "bigint", "timestamptz", "boolean", "bigint"}, true}
+	Cleanup        = Call{"wp_cleanup_stale_instances", []string{"bigint", "bigint", "timestamptz", "bigint"}, true}
+	Deregister     = Call{"wp_deregister", []string{"uuid", "timestamptz"}, false}
+	Purge          = Call{"wp_purge", []string{"bigint", "bigint", "bigint", "timestamptz"}, true}
+	GetWork        = Call{"wp_get_work", []string{"text", "uuid"}, true}
+	InstanceStates = Call{"wp_instance_states", nil, true}
+	ListDead       = Call{"wp_list_dead_letters", []string{"integer"}, true}
+	StreamOwner    = Call{"wp_get_stream_owner", []string{"text"}, true}
+	Stats          = Call{"wp_stats", []string{"timestamptz"}, true}
+	StatsLeases    = Call{"wp_stats_leases", []string{"timestamptz"}, true}
 )
 
 // SQL renders c for schema (which the caller has validated) with the given

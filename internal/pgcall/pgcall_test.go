@@ -22,19 +22,10 @@ func TestCallSQL(t *testing.T) {
 		{Claim, Dollar, `SELECT * FROM "s".wp_claim_work($1::uuid, $2::text[], $3::bigint, $4::integer, $5::timestamptz)`},
 		{Claim, Question, `SELECT * FROM "s".wp_claim_work(?::uuid, ?::text[], ?::bigint, ?::integer, ?::timestamptz)`},
 		{Deregister, Dollar, `SELECT "s".wp_deregister($1::uuid, $2::timestamptz)`},
-		{ListInstances, Question, `SELECT * FROM "s".wp_list_instances()`},
+		{InstanceStates, Question, `SELECT * FROM "s".wp_instance_states()`},
 	} {
 		if got := tc.c.SQL("s", tc.ph); got != tc.want {
 			t.Errorf("%s:\n got %s\nwant %s", tc.c.Func, got, tc.want)
-		}
-	}
-}
-
-// Every call that takes p_now takes it last, as the SQL functions declare.
-func TestCallsTakeNowLast(t *testing.T) {
-	for _, c := range []Call{Enqueue, Claim, Renew, Complete, Fail, Release, Heartbeat, Cleanup, Deregister, Purge, Stats, StatsLeases} {
-		if c.Params[len(c.Params)-1] != "timestamptz" {
-			t.Errorf("%s: last parameter %s, want timestamptz (p_now)", c.Func, c.Params[len(c.Params)-1])
 		}
 	}
 }

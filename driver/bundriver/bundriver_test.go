@@ -1,0 +1,484 @@
+package bundriver_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
+	"github.com/uptrace/bun/schema"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/bundriver"
+	"github.com/workpump/workpump/internal/pgtest"
+	"github.com/workpump/workpump/migrations"
+)
+
+// ---- construction ----
+
+// otherDialectDB is a bun handle whose dialect is not Postgres.
+type otherDialectDB struct{ *bun.DB }
+
+type sqliteNamed struct{ *pgdialect.Dialect }
+
+func (sqliteNamed) Name() dialect.Name { return dialect.SQLite }
+
+func (d otherDialectDB) Dialect() schema.Dialect { return sqliteNamed{pgdialect.New()} }
+
+func TestNewRejectsBadArguments(t *testing.T) {
+	db := bun.NewDB(nil, pgdialect.New()) // never used: New does not touch the database
+	for _, tc := range []struct {
+		name  string
+		db    bun.IDB
+		opts  bundriver.Options
+		field string
+	}{
+		{"nil db", nil, bundriver.Options{}, "db: nil"},
+		{"nil *bun.DB", (*bun.DB)(nil), bundriver.Options{}, "db: nil"},
+		{"other dialect", otherDialectDB{db}, bundriver.Options{}, "db: dialect sqlite"},
+		{"schema", db, bundriver.Options{Schema: "Bad-Name"}, "Options.Schema"},
+		{"reserved schema", db, bundriver.Options{Schema: "pg_catalog"}, "Options.Schema"},
+		{"partitions", db, bundriver.Options{PartitionCount: -1}, "Options.PartitionCount"},
+		{"reconnect min", db, bundriver.Options{ListenerReconnectMin: -time.Second}, "Options.ListenerReconnectMin"},
+		{"reconnect order", db, bundriver.Options{ListenerReconnectMin: time.Minute}, "Options.ListenerReconnectMax"},
+		{"ping", db, bundriver.Options{ListenerPingInterval: -1}, "Options.ListenerPingInterval"},
+		{"lock retry", db, bundriver.Options{ListenerLockRetry: -1}, "Options.ListenerLockRetry"},
+		{"buffer", db, bundriver.Options{SignalBuffer: -1}, "Options.SignalBuffer"},
+		{"conn string", db, bundriver.Options{ListenerConnString: "postgres://x:y@z:notaport/db"}, "Options.ListenerConnString"},
+	} {
+		c, err := bundriver.New(tc.db, tc.opts)
+		if !errors.Is(err, driver.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.field) || c != nil {
+			t.Errorf("%s: New = %v, %v; want ErrInvalidArgument naming %s", tc.name, c, err, tc.field)
+		}
+	}
+	c, err := bundriver.New(db, bundriver.Options{})
+	if err != nil || c.Schema() != "public" {
+		t.Fatalf("defaults: %v, schema %q", err, c.Schema())
+	}
+	if mode, _ := c.ListenerMode(); mode != bundriver.ListenerUndecided {
+		t.Fatalf("ListenerMode before Listen = %s", mode)
+	}
+}
+
+// ---- listener modes ----
+
+// logBuffer captures a coordinator's log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) logger() hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Output: l, Level: hclog.Info})
+}
+
+func registered(t *testing.T, c driver.Coordinator) uuid.UUID {
+	t.Helper()
+	id := uuid.New()
+	if _, err := c.RecordHeartbeat(t.Context(), driver.HeartbeatRequest{Instance: driver.Instance{ID: id}, StaleAfter: time.Hour, DeadAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func lockHeld(t *testing.T, c *bundriver.Coordinator, id uuid.UUID) bool {
+	t.Helper()
+	list, err := c.ListInstances(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, is := range list {
+		if is.ID == id {
+			return is.AliveLockHeld
+		}
+	}
+	t.Fatalf("instance %s not registered", id)
+	return false
+}
+
+// On pgx's stdlib the listener is derived from bun's own connections: it
+// holds the alive-lock on a session of its own, outside bun's pool.
+func TestListenerDerivedFromPgxStdlib(t *testing.T) {
+	t.Parallel()
+	// A bun DB of its own, so that its pool statistics are this test's.
+	cfg, err := pgx.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	db := bun.NewDB(stdlib.OpenDB(*cfg), pgdialect.New())
+	defer db.Close()
+	c, err := bundriver.New(db, bundriver.Options{Schema: pgtest.Schema(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	id := registered(t, c)
+	sub, err := c.Listen(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode, _ := c.ListenerMode(); mode != bundriver.ListenerDerived {
+		t.Fatalf("mode %s, want %s", mode, bundriver.ListenerDerived)
+	}
+	if !sub.Available() || !sub.AliveLockHeld() || !lockHeld(t, c, id) {
+		t.Fatalf("Available=%v AliveLockHeld=%v Inspector=%v, want all true", sub.Available(), sub.AliveLockHeld(), lockHeld(t, c, id))
+	}
+	if st := db.DB.Stats(); st.InUse != 0 {
+		t.Fatalf("bun's pool has %d connections in use while only the listener runs; the listener must not hold one", st.InUse)
+	}
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if lockHeld(t, c, id) {
+		t.Fatal("alive-lock still held after Close")
+	}
+}
+
+// bun's pgdriver offers no pgx configuration: without a listener DSN the
+// coordinator is poll-only and says why once.
+func TestListenerPollOnlyOnPgdriver(t *testing.T) {
+	t.Parallel()
+	var logs logBuffer
+	c := newCoordinator(t, setupPgdriver, bundriver.Options{Schema: pgtest.Schema(t), Logger: logs.logger()})
+	id := registered(t, c)
+	var subs []driver.Subscription
+	for range 2 {
+		sub, err := c.Listen(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+		if sub.Available() || sub.AliveLockHeld() {
+			t.Fatalf("poll-only subscription: Available=%v AliveLockHeld=%v, want false", sub.Available(), sub.AliveLockHeld())
+		}
+	}
+	mode, why := c.ListenerMode()
+	if mode != bundriver.ListenerPollOnly || !strings.Contains(why, "pgdriver") || !strings.Contains(why, "ListenerConnString") {
+		t.Fatalf("mode %s (%s), want poll-only naming pgdriver and ListenerConnString", mode, why)
+	}
+	if n := strings.Count(logs.String(), "[WARN]"); n != 1 || !strings.Contains(logs.String(), "polling only") {
+		t.Fatalf("want exactly one warning about polling only, got %d in:\n%s", n, logs.String())
+	}
+	if lockHeld(t, c, id) {
+		t.Fatal("a poll-only subscription holds the alive-lock")
+	}
+	// Signals flow nowhere: an enqueue for the instance sends nothing.
+	if _, err := c.Enqueue(t.Context(), []driver.NewWork{{Category: driver.Outbox}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-subs[0].Signals():
+		t.Fatalf("poll-only subscription delivered %v", s)
+	default:
+	}
+	for _, s := range subs {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+		if _, open := <-s.Signals(); open {
+			t.Fatal("Signals channel open after Close")
+		}
+	}
+}
+
+// The cancelled Listen context ends a poll-only subscription too.
+func TestPollOnlyEndsWithContext(t *testing.T) {
+	c, err := bundriver.New(bun.NewDB(nil, pgdialect.New()), bundriver.Options{DisableListener: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	sub, err := c.Listen(ctx, uuid.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode, why := c.ListenerMode(); mode != bundriver.ListenerPollOnly || !strings.Contains(why, "DisableListener") {
+		t.Fatalf("mode %s (%s)", mode, why)
+	}
+	cancel()
+	select {
+	case _, open := <-sub.Signals():
+		if open {
+			t.Fatal("unexpected signal")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Signals not closed after the Listen context ended")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Listen(context.Background(), uuid.New()); !errors.Is(err, driver.ErrClosed) {
+		t.Fatalf("Listen after Close: %v, want ErrClosed", err)
+	}
+	if _, err := c.Listen(context.Background(), uuid.Nil); !errors.Is(err, driver.ErrInvalidArgument) {
+		t.Fatalf("Listen(nil id): %v, want ErrInvalidArgument", err)
+	}
+}
+
+// With a listener DSN, bun's pgdriver gets the full listener: signals and
+// the alive-lock.
+func TestListenerConfiguredForPgdriver(t *testing.T) {
+	t.Parallel()
+	c := newCoordinator(t, setupPgdriver, bundriver.Options{Schema: pgtest.Schema(t), ListenerConnString: pgtest.URL(t)})
+	id := registered(t, c)
+	sub, err := c.Listen(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if mode, _ := c.ListenerMode(); mode != bundriver.ListenerConfigured || !sub.AliveLockHeld() || !lockHeld(t, c, id) {
+		t.Fatalf("mode %s, AliveLockHeld=%v", mode, sub.AliveLockHeld())
+	}
+	if _, err := c.Enqueue(t.Context(), []driver.NewWork{{Category: driver.Inbox, Name: "h"}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-sub.Signals():
+		if s.Kind != driver.SignalWork || s.Category != driver.Inbox {
+			t.Fatalf("signal %+v, want inbox work", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no signal after enqueue")
+	}
+}
+
+// A coordinator over a bun.Tx cannot reach a connection to derive from.
+func TestListenerPollOnlyOnTxHandle(t *testing.T) {
+	t.Parallel()
+	db := bunDB(t, setupPgx)
+	tx, err := db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	c, err := bundriver.New(tx, bundriver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sub, err := c.Listen(t.Context(), uuid.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if mode, why := c.ListenerMode(); mode != bundriver.ListenerPollOnly || !strings.Contains(why, "bun.Tx") {
+		t.Fatalf("mode %s (%s), want poll-only naming bun.Tx", mode, why)
+	}
+}
+
+// ---- transactions ----
+
+func TestEnqueueTxRollsBackWithTheCallersTx(t *testing.T) {
+	t.Parallel()
+	c := newCoordinator(t, setupPgx, bundriver.Options{Schema: pgtest.Schema(t)})
+	db := c.DB()
+	ctx := t.Context()
+	var ids []uuid.UUID
+	boom := errors.New("business rule failed")
+	err := db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		var err error
+		if ids, err = c.EnqueueTx(ctx, tx, []driver.NewWork{{Category: driver.Outbox, StreamID: "s"}}); err != nil {
+			return err
+		}
+		// Inside the transaction the application sees its message.
+		var rows []bundriver.OutboxMessage
+		if err := c.NewSelect(tx, &rows).Scan(ctx); err != nil || len(rows) != 1 || rows[0].MessageID != ids[0] {
+			t.Errorf("inside the tx: %v rows %+v", err, rows)
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	if _, ok, err := c.GetWork(ctx, driver.Outbox, ids[0]); err != nil || ok {
+		t.Fatalf("after rollback: present=%v err=%v, want gone", ok, err)
+	}
+	if _, err := c.EnqueueTx(ctx, nil, []driver.NewWork{{Category: driver.Outbox}}); !errors.Is(err, driver.ErrInvalidArgument) {
+		t.Fatalf("EnqueueTx(nil): %v", err)
+	}
+	if _, err := c.EnqueueTx(ctx, db, []driver.NewWork{{Category: driver.Outbox, Metadata: []byte("[1]")}}); !errors.Is(err, driver.ErrInvalidArgument) || !strings.Contains(err.Error(), "Metadata") {
+		t.Fatalf("EnqueueTx(bad metadata): %v", err)
+	}
+}
+
+func TestCompleteTxAndDelivery(t *testing.T) {
+	t.Parallel()
+	c := newCoordinator(t, setupPgx, bundriver.Options{Schema: pgtest.Schema(t)})
+	db := c.DB()
+	ctx := t.Context()
+	id := registered(t, c)
+	if _, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox}, {Category: driver.Receptor}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Lease: time.Minute, MaxPerCategory: 10})
+	if err != nil || len(res.Work) != 2 {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	out, rec := res.Work[0], res.Work[1]
+
+	// A rolled-back CompleteTx leaves the row leased.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ack, err := c.CompleteTx(ctx, tx, id, []driver.Ref{out.Ref()}); err != nil || ack.Applied != 1 {
+		t.Fatalf("CompleteTx: %v %+v", err, ack)
+	}
+	_ = tx.Rollback()
+	if ws, ok, _ := c.GetWork(ctx, driver.Outbox, out.ID); !ok || ws.InstanceID != id {
+		t.Fatalf("after rollback: present=%v owner=%v, want still leased to the caller", ok, ws.InstanceID)
+	}
+
+	// CompleteDeliveryTx completes the handler's item and settles it.
+	del := &driver.Delivery{InstanceID: id, Work: out}
+	hctx := driver.WithDelivery(ctx, del)
+	err = db.RunInTx(hctx, nil, func(ctx context.Context, tx bun.Tx) error { return c.CompleteDeliveryTx(ctx, tx) })
+	if err != nil || !del.Settled() {
+		t.Fatalf("CompleteDeliveryTx: %v settled=%v", err, del.Settled())
+	}
+	if _, ok, _ := c.GetWork(ctx, driver.Outbox, out.ID); ok {
+		t.Fatal("outbox row still present after CompleteDeliveryTx committed")
+	}
+	// Again: the attempt is gone, so the lease is lost and nothing settles.
+	again := &driver.Delivery{InstanceID: id, Work: out}
+	err = db.RunInTx(driver.WithDelivery(ctx, again), nil, func(ctx context.Context, tx bun.Tx) error { return c.CompleteDeliveryTx(ctx, tx) })
+	if !errors.Is(err, driver.ErrLeaseLost) || again.Settled() {
+		t.Fatalf("second CompleteDeliveryTx: %v settled=%v, want ErrLeaseLost", err, again.Settled())
+	}
+	if err := c.CompleteDeliveryTx(ctx, db); !errors.Is(err, driver.ErrInvalidArgument) {
+		t.Fatalf("CompleteDeliveryTx without a delivery: %v", err)
+	}
+	if _, err := c.CompleteTx(ctx, nil, id, []driver.Ref{rec.Ref()}); !errors.Is(err, driver.ErrInvalidArgument) {
+		t.Fatalf("CompleteTx(nil): %v", err)
+	}
+}
+
+// bun on pgx's stdlib in pgx's default statement-caching mode works too:
+// each interpolated call is prepared once by pgx.
+func TestStatementCachingMode(t *testing.T) {
+	t.Parallel()
+	c := newCoordinator(t, setupPgxCached, bundriver.Options{Schema: pgtest.Schema(t)})
+	ctx := t.Context()
+	id := registered(t, c)
+	ids, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.PerspectiveEvent, StreamID: "s", Name: "p", Payload: []byte{0, 1, 2, '\\', '\''}, Metadata: []byte(`{"q":"it's \"x\""}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Lease: time.Minute, MaxPerCategory: 10})
+	if err != nil || len(res.Work) != 1 || res.Work[0].ID != ids[0] {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	w := res.Work[0]
+	if !bytes.Equal(w.Payload, []byte{0, 1, 2, '\\', '\''}) || string(w.Metadata) != `{"q":"it's \"x\""}` {
+		t.Fatalf("round trip: payload %q metadata %s", w.Payload, w.Metadata)
+	}
+	if ack, err := c.Complete(ctx, id, []driver.Ref{w.Ref()}); err != nil || ack.Applied != 1 {
+		t.Fatalf("complete: %v %+v", err, ack)
+	}
+}
+
+// ---- models ----
+
+// Every model reads its table: the tags match the real columns, and the
+// values are what the coordinator wrote.
+func TestModelsReadPumpState(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	c := newCoordinator(t, setupPgx, bundriver.Options{Schema: schema})
+	db := c.DB()
+	ctx := t.Context()
+	id := registered(t, c)
+	at := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	ids, err := c.Enqueue(ctx, []driver.NewWork{
+		{Category: driver.Outbox, StreamID: "o", Name: "dest", MessageType: "T", Payload: []byte("p"), Metadata: []byte(`{"a":1}`)},
+		{Category: driver.Inbox, Name: "h"},
+		{Category: driver.PerspectiveEvent, StreamID: "ev", Name: "persp"},
+		{Category: driver.Receptor, Name: "r", ScheduledFor: at},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox, driver.PerspectiveEvent}, Lease: time.Minute, MaxPerCategory: 10})
+	if err != nil || len(res.Work) != 2 {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	// The perspective event fails into the dead letters.
+	if ack, err := c.Fail(ctx, driver.FailRequest{InstanceID: id, MaxAttempts: 1, RetryBase: time.Second, RetryMax: time.Second,
+		Failures: []driver.Failure{{Ref: res.Work[1].Ref(), Error: "projection broke"}}}); err != nil || len(ack.DeadLettered) != 1 {
+		t.Fatalf("fail: %v %+v", err, ack)
+	}
+
+	var out bundriver.OutboxMessage
+	if err := c.NewSelect(db, &out).Where("message_id = ?", ids[0].String()).Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out.InstanceID == nil || *out.InstanceID != id || out.LeaseExpiry == nil || out.Attempts != 1 || out.ClaimCount != 1 ||
+		out.Name != "dest" || out.MessageType != "T" || string(out.Payload) != "p" || string(out.Metadata) != `{"a":1}` ||
+		out.StreamID != "o" || out.ProcessedAt != nil || out.ScheduledFor != nil || out.Seq == 0 || out.CreatedAt.IsZero() {
+		t.Fatalf("outbox row %+v", out)
+	}
+	var in []bundriver.InboxMessage
+	if err := c.NewSelect(db, &in).Scan(ctx); err != nil || len(in) != 1 || in[0].MessageID != ids[1] || in[0].InstanceID != nil {
+		t.Fatalf("inbox rows %v %+v", err, in)
+	}
+	var pe []bundriver.PerspectiveEvent
+	if err := c.NewSelect(db, &pe).Scan(ctx); err != nil || len(pe) != 0 {
+		t.Fatalf("perspective rows %v %+v, want none (dead-lettered)", err, pe)
+	}
+	var rp bundriver.ReceptorProcessing
+	if err := c.NewSelect(db, &rp).Scan(ctx); err != nil || rp.ID != ids[3] || rp.ScheduledFor == nil || !rp.ScheduledFor.Equal(at) || rp.CompletedAt != nil {
+		t.Fatalf("receptor row %v %+v", err, rp)
+	}
+	var dl []bundriver.DeadLetter
+	if err := c.NewSelect(db, &dl).Scan(ctx); err != nil || len(dl) != 1 || dl[0].ID != ids[2] || dl[0].Category != "perspective_event" ||
+		dl[0].Error != "projection broke" || dl[0].Name != "persp" || dl[0].Attempts != 1 {
+		t.Fatalf("dead letters %v %+v", err, dl)
+	}
+	var inst []bundriver.ServiceInstance
+	if err := c.NewSelect(db, &inst).Scan(ctx); err != nil || len(inst) != 1 || inst[0].InstanceID != id || inst[0].LastHeartbeatAt.IsZero() {
+		t.Fatalf("instances %v %+v", err, inst)
+	}
+	var streams []bundriver.ActiveStream
+	// "ev" was released when its only row failed; "o" is still owned.
+	if err := c.NewSelect(db, &streams).Order("stream_id").Scan(ctx); err != nil || len(streams) != 2 ||
+		streams[0].StreamID != "ev" || streams[0].AssignedInstanceID != nil ||
+		streams[1].StreamID != "o" || streams[1].AssignedInstanceID == nil || *streams[1].AssignedInstanceID != id || streams[1].LeaseExpiry == nil {
+		t.Fatalf("active streams %v %+v", err, streams)
+	}
+
+	if _, err := bundriver.TableExpr("Bad", &out); !errors.Is(err, migrations.ErrInvalidSchema) {
+		t.Fatalf("TableExpr(bad schema): %v", err)
+	}
+	if expr, err := bundriver.TableExpr(schema, &[]*bundriver.DeadLetter{}); err != nil || expr != `"`+schema+`"."wp_dead_letters" AS "wp_dead_letters"` {
+		t.Fatalf("TableExpr = %q, %v", expr, err)
+	}
+	var notPump struct{ X int }
+	if err := c.NewSelect(db, &notPump).Scan(ctx); err == nil || !strings.Contains(err.Error(), "not one of the pump's models") {
+		t.Fatalf("NewSelect(non-model): %v", err)
+	}
+}
