@@ -35,8 +35,9 @@ const (
 	// for its alive-lock and whose lock has been gone this long is evicted
 	// without waiting for StaleAfter. Three seconds rides out a listener
 	// that reconnects (and re-takes its lock) or reports the loss in a
-	// heartbeat, and with a probe every second failover takes at most about
-	// four seconds instead of the spec's 30 s to well over a minute.
+	// heartbeat, and with a probe every second failover takes about four
+	// seconds (five at worst) instead of the spec's 30 s to well over a
+	// minute.
 	DefaultLockLostAfter     = 3 * time.Second
 	DefaultLockProbeInterval = time.Second
 )
@@ -401,9 +402,11 @@ type MaintenanceOptions struct {
 	// LockProbeInterval is the lock probe's cadence (default 1 s): every
 	// LockProbeInterval, from one LockProbeInterval after Start, the worker
 	// calls CleanupStale with LockLostAfter, on its own goroutine so slow
-	// purges never delay it. A dead peer is evicted at most about
-	// LockLostAfter + LockProbeInterval after its lock vanished. While every
-	// reported lock is held the call writes nothing.
+	// purges never delay it. A dead peer is evicted about LockLostAfter +
+	// LockProbeInterval after its lock vanished, at most one probe later
+	// when the store's clock readings of two probes LockLostAfter apart fall
+	// just short of it (statement latency jitter on a real database). While
+	// every reported lock is held the call writes nothing.
 	LockProbeInterval time.Duration
 	// The purge ages, used when the store implements driver.Purger. Zero
 	// skips that purge: history is kept until asked otherwise.
