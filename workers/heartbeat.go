@@ -13,6 +13,12 @@ import (
 	"github.com/workpump/workpump/driver"
 )
 
+// withdrawRetry is how soon a failed beat is retried while the store still
+// believes this instance holds an alive-lock it has lost: well inside the
+// default LockLostAfter, so peers' lock probes do not evict a live instance
+// right after a store outage.
+const withdrawRetry = time.Second
+
 // HeartbeatCoordinator is the part of driver.Coordinator the heartbeat
 // worker uses.
 type HeartbeatCoordinator interface {
@@ -77,7 +83,8 @@ type HeartbeatStats struct {
 // successful beat vouched for the lock and a check finds it gone, the beat
 // is due at once, whatever the cadence, because only a heartbeat that says
 // "lock lost" keeps peers from evicting a process that is alive but merely
-// lost its listener.
+// lost its listener; if that beat fails it is retried every second, not
+// every Interval.
 type HeartbeatWorker struct {
 	coord  HeartbeatCoordinator
 	req    driver.HeartbeatRequest
@@ -204,13 +211,23 @@ func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 		return 0
 	}
 	held := w.lockProvesLiveness()
-	if ok && vouched && !held {
+	elapsed := now.Sub(last)
+	if vouched && !held {
 		// Peers may evict an instance whose vouched-for lock is gone;
-		// say it is gone first. After a failed beat the Interval rule
-		// below applies, so an unreachable store is not hammered.
+		// say it is gone first. When that beat failed (the store was
+		// down, which is also when listeners drop), retry every
+		// withdrawRetry rather than every Interval: once the store is
+		// back, peers' lock probes evict within LockLostAfter (3 s by
+		// default), and a listener may take longer than that to
+		// reconnect. A fixed, slow-enough retry is no spin.
+		if ok {
+			return 0
+		}
+		if retry := min(w.opts.Interval, withdrawRetry); elapsed < retry {
+			return retry - elapsed
+		}
 		return 0
 	}
-	elapsed := now.Sub(last)
 	if elapsed >= w.opts.SlowInterval {
 		return 0
 	}

@@ -320,12 +320,13 @@ func TestHeartbeatWithdrawsVouchedLockAtOnce(t *testing.T) {
 	})
 }
 
-// When the withdrawing beat fails, the retry waits the usual Interval: an
-// unreachable store is not hammered.
-func TestHeartbeatFailedWithdrawalDoesNotSpin(t *testing.T) {
+// When the withdrawing beat fails (a store outage drops the listener too),
+// it is retried every second, not every Interval and not in a spin, until
+// the store takes it; then the fast cadence resumes.
+func TestHeartbeatFailedWithdrawalRetriesEverySecond(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{heartbeat: func(n int) error {
-			if n == 2 {
+			if n >= 2 && n <= 4 {
 				return errors.New("connection refused")
 			}
 			return nil
@@ -340,8 +341,28 @@ func TestHeartbeatFailedWithdrawalDoesNotSpin(t *testing.T) {
 		time.Sleep(sec(10))
 		lock.lock.Store(false)
 		w.Recheck()
-		time.Sleep(sec(35))
+		time.Sleep(sec(45))
 		stop(t, w)
-		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(10), sec(40)})
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(10), sec(11), sec(12), sec(13), sec(43)})
+	})
+}
+
+// A failed beat that did not vouch for a lock keeps the Interval retry.
+func TestHeartbeatFailedBeatWithoutLockRetriesAfterInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{heartbeat: func(n int) error {
+			if n == 2 {
+				return errors.New("connection refused")
+			}
+			return nil
+		}}
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, newFakeSub(true), nil)
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(95))
+		stop(t, w)
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(30), sec(60), sec(90)})
 	})
 }
