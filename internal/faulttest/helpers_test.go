@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,6 +62,7 @@ func (l *logBuf) String() string {
 
 // testLogger returns a logger writing into a buffer whose tail is printed
 // when the test fails, so a failing scenario shows what the pumps said.
+// With WORKPUMP_FAULT_LOGDIR set, the whole log also goes to a file there.
 func testLogger(t *testing.T, name string) (hclog.Logger, *logBuf) {
 	t.Helper()
 	buf := &logBuf{}
@@ -73,7 +75,15 @@ func testLogger(t *testing.T, name string) (hclog.Logger, *logBuf) {
 			t.Logf("log of %s:\n%s", name, s)
 		}
 	})
-	return hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Info, Output: buf}), buf
+	var out io.Writer = buf
+	if dir := os.Getenv("WORKPUMP_FAULT_LOGDIR"); dir != "" {
+		f, err := os.Create(filepath.Join(dir, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()+"-"+name)+".log"))
+		if err == nil {
+			t.Cleanup(func() { _ = f.Close() })
+			out = io.MultiWriter(buf, f)
+		}
+	}
+	return hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Info, Output: out}), buf
 }
 
 // ---- timing ----
@@ -93,7 +103,8 @@ func waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool)
 
 // failoverOptions are the pump settings of the failover scenarios: stale
 // after 2 s, heartbeats every 500 ms (1 s while the alive-lock is held),
-// maintenance sweep every 500 ms, quick retries.
+// maintenance sweep every second (the lock probe keeps its default of 1 s,
+// lock-loss eviction after 3 s), quick retries.
 func failoverOptions(id uuid.UUID, log hclog.Logger) workpump.Options {
 	return workpump.Options{
 		ID:          id,
@@ -118,7 +129,7 @@ func failoverOptions(id uuid.UUID, log hclog.Logger) workpump.Options {
 			DeadAfter:    20 * time.Second,
 		},
 		Renewal:     workers.RenewalOptions{LeaseGrace: 5 * time.Second},
-		Maintenance: workers.MaintenanceOptions{Interval: 500 * time.Millisecond},
+		Maintenance: workers.MaintenanceOptions{Interval: time.Second},
 	}
 }
 
@@ -373,7 +384,10 @@ func (e *pgEnv) startInstance(cfg instanceConfig) *pgInstance {
 		pool.Close()
 		t.Fatal(err)
 	}
-	if err := in.pump.Start(ctx); err != nil {
+	// Start gets a context that lives as long as the pump: the pump hands
+	// Start's context to Listen, and a subscription ends with its context
+	// (see TestListenerLoss_StartContextEndsListener).
+	if err := in.pump.Start(context.Background()); err != nil {
 		pool.Close()
 		t.Fatal(err)
 	}
@@ -602,7 +616,101 @@ func (e *pgEnv) recordHandler(in *pgInstance, work func(ctx context.Context, w w
 			}
 			time.Sleep(time.Duration(10<<try) * time.Millisecond)
 		}
-		return fmt.Errorf("record result of %s: %w", w.Ref(), err)
+		return fmt.Errorf("record result of %s: %w (context: %v)", w.Ref(), err, context.Cause(ctx))
+	}
+}
+
+// batchRecorder writes results for one instance in batches (one INSERT per
+// batch instead of one per item, which is what makes 20 000 items fit in a
+// test run). A handler waits until its row is committed, so the order of
+// first processing in fault_results is still the order of the handlers'
+// returns, and a killed instance's gate is checked at each flush.
+type batchRecorder struct {
+	e  *pgEnv
+	in *pgInstance
+	ch chan recordReq
+}
+
+type recordReq struct {
+	w    workpump.Work
+	done chan error
+}
+
+// newBatchRecorder starts the instance's recorder; it ends when the
+// instance has stopped.
+func (e *pgEnv) newBatchRecorder(in *pgInstance) *batchRecorder {
+	r := &batchRecorder{e: e, in: in, ch: make(chan recordReq, 256)}
+	go r.run()
+	return r
+}
+
+func (r *batchRecorder) run() {
+	sql := `INSERT INTO ` + r.e.q("fault_results") + ` (item, instance, stream, seq, attempt)
+		SELECT u.item, $1::uuid, u.stream, u.seq, u.attempt
+		  FROM unnest($2::uuid[], $3::text[], $4::integer[], $5::integer[]) WITH ORDINALITY AS u(item, stream, seq, attempt, ord)
+		 ORDER BY u.ord
+		ON CONFLICT (item, instance, attempt) DO NOTHING`
+	for {
+		var batch []recordReq
+		select {
+		case req := <-r.ch:
+			batch = append(batch, req)
+		case <-r.in.stopped:
+			return
+		}
+	collect:
+		for len(batch) < 200 {
+			select {
+			case req := <-r.ch:
+				batch = append(batch, req)
+			default:
+				break collect
+			}
+		}
+		err := r.flush(sql, batch)
+		for _, req := range batch {
+			req.done <- err
+		}
+	}
+}
+
+func (r *batchRecorder) flush(sql string, batch []recordReq) error {
+	r.in.gate.RLock()
+	defer r.in.gate.RUnlock()
+	if r.in.dead {
+		return faults.ErrSevered
+	}
+	n := len(batch)
+	ids, streams := make([]uuid.UUID, n), make([]string, n)
+	seqs, atts := make([]int32, n), make([]int32, n)
+	for i, req := range batch {
+		ids[i], streams[i], seqs[i], atts[i] = req.w.ID, req.w.StreamID, int32(payloadSeq(req.w)), int32(req.w.Attempts)
+	}
+	var err error
+	for try := range 6 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = r.in.pool.Exec(ctx, sql, r.in.id, ids, streams, seqs, atts)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		time.Sleep(time.Duration(10<<try) * time.Millisecond)
+	}
+	return fmt.Errorf("record %d results: %w", n, err)
+}
+
+// handler returns a handler that records each item through the batcher.
+// It waits for the flush even when its context ends: once the row may be
+// committed, reporting a failure would turn into a duplicate.
+func (r *batchRecorder) handler() workpump.Handler {
+	return func(ctx context.Context, w workpump.Work) error {
+		req := recordReq{w: w, done: make(chan error, 1)}
+		select {
+		case r.ch <- req:
+		case <-ctx.Done():
+			return fmt.Errorf("record result of %s: %w", w.Ref(), context.Cause(ctx))
+		}
+		return <-req.done
 	}
 }
 
