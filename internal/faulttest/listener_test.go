@@ -1,0 +1,248 @@
+package faulttest_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/workpump/workpump"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/memdriver"
+	"github.com/workpump/workpump/driver/pgxdriver"
+)
+
+// gateEvent is one Hooks.GateChanged call.
+type gateEvent struct {
+	up bool
+	at time.Time
+}
+
+// pickups records when each item's handler first ran.
+type pickups struct {
+	mu sync.Mutex
+	at map[uuid.UUID]time.Time
+}
+
+func (p *pickups) note(id uuid.UUID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.at[id]; !ok {
+		p.at[id] = time.Now()
+	}
+}
+
+func (p *pickups) get(id uuid.UUID) (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.at[id]
+	return t, ok
+}
+
+// TestListenerLoss_Postgres terminates an instance's listener backend (the
+// session holding its LISTEN and alive-lock). The gate must go unavailable
+// within a second; while it is down no signal arrives, so items enqueued
+// then must be picked up by polling pinned to the tight base (100 ms here,
+// against a 5 s healthy interval); when the listener reconnects the gate
+// comes back, a reconnect catch-up poll runs and the alive-lock is held
+// again.
+func TestListenerLoss_Postgres(t *testing.T) {
+	e := newPGEnv(t)
+	const base = 100 * time.Millisecond
+	// Generous: base plus a claim round trip on a loaded CI machine. The
+	// healthy interval (5 s) and the backoff cap (10 s) are far above it.
+	const maxPickup = base + 1400*time.Millisecond
+	gates := make(chan gateEvent, 16)
+	seen := &pickups{at: map[uuid.UUID]time.Time{}}
+	opts := failoverOptions(uuid.Nil, nil)
+	opts.Claim.PollInterval = base
+	opts.Claim.MaxPollInterval = 10 * time.Second
+	opts.Claim.NotifyHealthyPollInterval = 5 * time.Second
+	opts.Hooks.GateChanged = func(up bool) { gates <- gateEvent{up, time.Now()} }
+	in := e.startInstance(instanceConfig{
+		opts:     opts,
+		maxConns: 3,
+		// The reconnect waits 2 s, so the outage is long enough to measure.
+		pg: pgxdriver.Options{ListenerReconnectMin: 2 * time.Second, ListenerReconnectMax: 4 * time.Second},
+		register: registerAll(func(in *pgInstance) workpump.Handler {
+			return e.recordHandler(in, func(ctx context.Context, w workpump.Work) error {
+				seen.note(w.ID)
+				return nil
+			})
+		}),
+	})
+	ctx := t.Context()
+	enqueueOne := func(tag string) (uuid.UUID, time.Time) {
+		t.Helper()
+		it := makeItems("ll-"+tag, []driver.Category{driver.Outbox}, 1, 1)
+		at := time.Now()
+		if err := e.enqueue(ctx, it); err != nil {
+			t.Fatal(err)
+		}
+		return it[0].ID, at
+	}
+	waitPickup := func(id uuid.UUID, limit time.Duration) time.Time {
+		t.Helper()
+		var at time.Time
+		waitUntil(t, limit, "item "+id.String()+" picked up", func() bool {
+			var ok bool
+			at, ok = seen.get(id)
+			return ok
+		})
+		return at
+	}
+
+	// Healthy: the listener holds the lock, a signal brings the item at once
+	// (far below the 5 s healthy poll interval).
+	var oldPID int32
+	waitUntil(t, 10*time.Second, "the listener holding the alive-lock", func() bool {
+		oldPID, _ = e.aliveLockHolder(ctx, in.id)
+		return oldPID != 0
+	})
+	if st := in.pump.Stats(); st.Claim.StartupCatchUps != 1 {
+		waitUntil(t, 5*time.Second, "the startup catch-up claim", func() bool { return in.pump.Stats().Claim.StartupCatchUps == 1 })
+	}
+	id, at := enqueueOne("healthy")
+	healthy := waitPickup(id, 10*time.Second).Sub(at)
+	if healthy > maxPickup {
+		t.Errorf("healthy gate: pickup took %v, want a signalled pickup ≤ %v", healthy, maxPickup)
+	}
+
+	// Kill the listener's backend.
+	before := in.pump.Stats().Claim
+	killedAt := time.Now()
+	if _, err := e.terminateAliveLockHolder(ctx, in.id); err != nil {
+		t.Fatal(err)
+	}
+	var down gateEvent
+	select {
+	case down = <-gates:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no GateChanged within 5 s of terminating the listener backend")
+	}
+	if down.up {
+		t.Fatalf("first gate change after the kill reports available")
+	}
+	gateDelay := down.at.Sub(killedAt)
+	if gateDelay > time.Second {
+		t.Errorf("gate went unavailable %v after the listener died, want ≤ 1 s", gateDelay)
+	}
+
+	// While down: items must arrive by polling at the tight base.
+	var downPickups []time.Duration
+	for i := range 3 {
+		id, at := enqueueOne("down" + string(rune('a'+i)))
+		d := waitPickup(id, 10*time.Second).Sub(at)
+		downPickups = append(downPickups, d)
+		if d > maxPickup {
+			t.Errorf("gate down: item %d picked up after %v, want ≤ %v (base %v + claim)", i, d, maxPickup, base)
+		}
+		if len(gates) > 0 {
+			break // the listener came back; later items would prove nothing
+		}
+	}
+	mid := in.pump.Stats().Claim
+
+	// Reconnect: the gate comes back, a catch-up poll runs, the lock is re-taken.
+	var up gateEvent
+	select {
+	case up = <-gates:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the gate did not come back within 15 s")
+	}
+	if !up.up {
+		t.Fatalf("second gate change reports unavailable again")
+	}
+	waitUntil(t, 5*time.Second, "the reconnect catch-up", func() bool {
+		return in.pump.Stats().Claim.ReconnectCatchUps == before.ReconnectCatchUps+1
+	})
+	var newPID int32
+	waitUntil(t, 10*time.Second, "the alive-lock held again", func() bool {
+		newPID, _ = e.aliveLockHolder(ctx, in.id)
+		return newPID != 0
+	})
+	if newPID == oldPID {
+		t.Errorf("alive-lock still held by the terminated backend %d", oldPID)
+	}
+	after := in.pump.Stats().Claim
+	id, at = enqueueOne("back")
+	back := waitPickup(id, 10*time.Second).Sub(at)
+	if back > maxPickup {
+		t.Errorf("after reconnect: pickup took %v, want a signalled pickup ≤ %v", back, maxPickup)
+	}
+
+	// The database: the instance is registered with its lock, nothing pending.
+	insts, err := e.coord.ListInstances(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(insts) != 1 || insts[0].ID != in.id || !insts[0].AliveLockHeld {
+		t.Errorf("instances = %+v, want only %s with its alive-lock held", insts, in.id)
+	}
+	waitUntil(t, 10*time.Second, "every item processed", e.allDone)
+	in.stop(10 * time.Second)
+	o := e.outcome()
+	checkOutcome(t, o, o.items, nil)
+	t.Logf("listener loss (Postgres): gate down %.0f ms after the kill; outage %v (catch-ups %d→%d, LastGateDown %v); "+
+		"pickup healthy %v, while down %v, after reconnect %v; polls while down %d (base %v)",
+		float64(gateDelay)/float64(time.Millisecond), up.at.Sub(down.at).Round(time.Millisecond), before.ReconnectCatchUps, after.ReconnectCatchUps,
+		after.LastGateDown.Round(time.Millisecond), healthy.Round(time.Millisecond), roundAll(downPickups), back.Round(time.Millisecond),
+		mid.Polls-before.Polls, base)
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond)
+	}
+	return out
+}
+
+// TestListenerLoss_StartContextEndsListener: Pump.Start's context is a
+// start-up context (the workers outlive it, see workers' lifecycle), yet the
+// pump passes it to Listen, and a subscription ends with its context. A
+// caller that bounds Start with a timeout and cancels it afterwards - the
+// usual pattern - silently loses the listener: the gate goes down for good
+// and the alive-lock is released while the pump keeps running.
+func TestListenerLoss_StartContextEndsListener(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		var downs atomic.Int32
+		lg, _ := testLogger(t, "pump")
+		opts := failoverOptions(uuid.Must(uuid.NewV7()), lg)
+		opts.Hooks.GateChanged = func(up bool) {
+			if !up {
+				downs.Add(1)
+			}
+		}
+		p, err := workpump.New(s, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Handle(driver.Outbox, "", func(context.Context, workpump.Work) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		startCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := p.Start(startCtx); err != nil {
+			t.Fatal(err)
+		}
+		cancel() // start-up is over; the pump runs until Stop
+		time.Sleep(10 * time.Second)
+		insts, err := s.ListInstances(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(insts) != 1 || !insts[0].AliveLockHeld || downs.Load() != 0 {
+			t.Errorf("10 s after Start's context ended: instances=%+v gate-down events=%d; want the instance registered "+
+				"with its alive-lock held and the gate never down (workpump.go build passes Start's ctx to Listen)", insts, downs.Load())
+		}
+		if err := p.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
