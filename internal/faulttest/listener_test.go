@@ -245,4 +245,3 @@ func TestListenerLoss_StartContextEndsListener(t *testing.T) {
 		}
 	})
 }
-
