@@ -260,7 +260,7 @@ func TestHalfOpen_Postgres(t *testing.T) {
 	release()
 	o := e.outcome()
 	checkOutcome(t, o, len(items), nil)
-	if n := e.count(`SELECT count(*) FROM `+e.q("fault_results")+` WHERE attempt < 2`); n != 0 {
+	if n := e.count(`SELECT count(*) FROM ` + e.q("fault_results") + ` WHERE attempt < 2`); n != 0 {
 		t.Errorf("%d items processed at attempt 1; every item was X's first", n)
 	}
 	t.Logf("half-open (Postgres, real clock): X (lock held by a foreign session) evicted %v after its last heartbeat (StaleAfter %v, DeadAfter %v); "+
