@@ -59,7 +59,7 @@ func (h harness) MakeBenchmarkStore(b *testing.B, cfg conformance.StoreConfig) c
 // with listener timings short enough for tests.
 func newTestCoordinator(t testing.TB, simple bool, now func() time.Time, partitions int) *Coordinator {
 	t.Helper()
-	schema := pgtest.Schema(t)
+	schema := pgtest.CleanSchema(t)
 	pool := pgtest.Pool(t)
 	if simple {
 		pool = pgtest.SimplePool(t)

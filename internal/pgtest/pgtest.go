@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -131,9 +132,11 @@ func sharedPool(t testing.TB, mode pgx.QueryExecMode) *pgxpool.Pool {
 	return p
 }
 
-// CloseShared closes the shared pools and stops the container, if any. Call
-// it from TestMain after m.Run (before a goroutine leak check).
+// CloseShared drops the reusable schemas, closes the shared pools and stops
+// the container, if any. Call it from TestMain after m.Run (before a
+// goroutine leak check).
 func CloseShared() {
+	dropReusable()
 	poolMu.Lock()
 	for m, p := range pools {
 		p.Close()
@@ -149,17 +152,15 @@ func CloseShared() {
 // that is dropped (CASCADE) when the test ends. The schema is not created.
 func SchemaName(t testing.TB) string {
 	t.Helper()
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	name := "wpt_" + hex.EncodeToString(b[:])
+	name := newSchemaName(t)
 	pool := Pool(t)
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// A slow drop (a loaded server, catalog churn from parallel tests)
+		// is not the test's failure: the random schema is only litter.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+name+`" CASCADE`); err != nil {
-			t.Errorf("pgtest: drop schema %s: %v", name, err)
+			t.Logf("pgtest: drop schema %s (left behind): %v", name, err)
 		}
 	})
 	return name
@@ -188,4 +189,106 @@ func DB(t testing.TB) *sql.DB {
 	db := stdlib.OpenDBFromPool(Pool(t))
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// reusable holds migrated schemas whose tables were emptied after a test,
+// ready for the next one (see CleanSchema).
+var reusable struct {
+	mu   sync.Mutex
+	free []string
+	all  []string
+}
+
+// CleanSchema returns a migrated schema with empty tables, exclusively for
+// this test. Unlike Schema it recycles: when the test ends, every table but
+// the version table is emptied and the schema is handed to the next
+// CleanSchema call of this test binary. Hundreds of conformance cases then
+// cost a few migrations instead of hundreds of CREATE and DROP SCHEMA runs,
+// which keeps the server's catalogs (and every parallel test) fast. Tests
+// that change the schema itself (its version rows, its functions) must use
+// Schema instead.
+func CleanSchema(t testing.TB) string {
+	t.Helper()
+	pool := Pool(t)
+	reusable.mu.Lock()
+	var name string
+	if n := len(reusable.free); n > 0 {
+		name = reusable.free[n-1]
+		reusable.free = reusable.free[:n-1]
+	}
+	reusable.mu.Unlock()
+	if name == "" {
+		name = newSchemaName(t)
+		db := stdlib.OpenDBFromPool(pool)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		_, err := migrations.Up(ctx, db, name)
+		cancel()
+		_ = db.Close()
+		reusable.mu.Lock()
+		reusable.all = append(reusable.all, name)
+		reusable.mu.Unlock()
+		if err != nil {
+			t.Fatalf("pgtest: migrate schema %s: %v", name, err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := emptySchema(ctx, pool, name); err != nil {
+			// Not reused: CloseShared drops it.
+			t.Logf("pgtest: empty schema %s for reuse: %v", name, err)
+			return
+		}
+		reusable.mu.Lock()
+		reusable.free = append(reusable.free, name)
+		reusable.mu.Unlock()
+	})
+	return name
+}
+
+// emptySchema deletes every row of schema's tables except the version
+// table, in one transaction.
+func emptySchema(ctx context.Context, pool *pgxpool.Pool, name string) error {
+	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename <> $2 ORDER BY tablename`, name, migrations.VersionTable)
+	if err != nil {
+		return err
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	b.WriteString("BEGIN;")
+	for _, tb := range tables {
+		fmt.Fprintf(&b, `DELETE FROM "%s"."%s";`, name, tb)
+	}
+	b.WriteString("COMMIT;")
+	_, err = pool.Exec(ctx, b.String())
+	return err
+}
+
+func dropReusable() {
+	reusable.mu.Lock()
+	names := reusable.all
+	reusable.all, reusable.free = nil, nil
+	reusable.mu.Unlock()
+	poolMu.Lock()
+	p := pools[pgx.QueryExecModeCacheStatement]
+	poolMu.Unlock()
+	if p == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, n := range names {
+		_, _ = p.Exec(ctx, `DROP SCHEMA IF EXISTS "`+n+`" CASCADE`)
+	}
+}
+
+func newSchemaName(t testing.TB) string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return "wpt_" + hex.EncodeToString(b[:])
 }
