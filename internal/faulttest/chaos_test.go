@@ -222,6 +222,15 @@ done:
 	mu.Lock()
 	survivors := append([]*pgInstance(nil), live...)
 	mu.Unlock()
+	// Every killed instance must have been evicted by the survivors (the
+	// last kill may be younger than StaleAfter when the work runs out).
+	liveIDs := make([]uuid.UUID, len(survivors))
+	for i, in := range survivors {
+		liveIDs[i] = in.id
+	}
+	waitUntil(t, 30*time.Second, "the killed instances evicted", func() bool {
+		return e.count(`SELECT count(*) FROM `+e.q("wp_service_instances")+` WHERE NOT (instance_id = ANY($1))`, liveIDs) == 0
+	})
 	for _, in := range survivors {
 		in.stop(15 * time.Second)
 	}
