@@ -195,6 +195,8 @@ type pgEnv struct {
 	schema string
 	admin  *pgxpool.Pool
 	coord  *pgxdriver.Coordinator
+
+	snapSQL string // pgSnapshot's statement, built once
 }
 
 func newPGEnv(t *testing.T) *pgEnv {
