@@ -366,7 +366,10 @@ func pumpCases(c driver.Coordinator) []badCase {
 	)
 	// Enqueue through the Pump.
 	p, _ := workpump.New(c, workpump.Options{})
-	cases = append(cases, enqueueCases(func(ctx context.Context, items []driver.NewWork) error { _, err := p.Enqueue(ctx, items...); return err }, "Pump.")...)
+	cases = append(cases, enqueueCases(func(ctx context.Context, items []driver.NewWork) error {
+		_, err := p.Enqueue(ctx, items...)
+		return err
+	}, "Pump.")...)
 	return cases
 }
 
