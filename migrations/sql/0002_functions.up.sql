@@ -76,6 +76,7 @@ $fn$;
 CREATE FUNCTION {{.S}}.wp_release_instances(p_ids uuid[]) RETURNS integer
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -130,6 +131,7 @@ CREATE FUNCTION {{.S}}.wp_enqueue(
 RETURNS integer
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -263,6 +265,7 @@ RETURNS TABLE (
     orphaned         boolean)
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -476,6 +479,7 @@ CREATE FUNCTION {{.S}}.wp_renew_leases(
 RETURNS SETOF uuid
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -543,6 +547,7 @@ $fn$;
 CREATE FUNCTION {{.S}}.wp_settle_streams(p_instance_id uuid, p_streams text[]) RETURNS void
 LANGUAGE sql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
     UPDATE {{.S}}.wp_active_streams a
        SET assigned_instance_id = NULL, lease_expiry = NULL
@@ -574,6 +579,7 @@ CREATE FUNCTION {{.S}}.wp_complete(
 RETURNS TABLE (category text, id uuid)
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -643,6 +649,7 @@ CREATE FUNCTION {{.S}}.wp_fail(
 RETURNS TABLE (category text, id uuid, dead boolean)
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -741,6 +748,7 @@ CREATE FUNCTION {{.S}}.wp_release(
 RETURNS TABLE (category text, id uuid)
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -803,6 +811,7 @@ CREATE FUNCTION {{.S}}.wp_cleanup_stale_instances(
 RETURNS SETOF uuid
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -887,6 +896,7 @@ CREATE FUNCTION {{.S}}.wp_record_heartbeat(
 RETURNS SETOF uuid
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -931,6 +941,7 @@ CREATE FUNCTION {{.S}}.wp_deregister(p_instance_id uuid, p_now timestamptz DEFAU
 RETURNS boolean
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 BEGIN
