@@ -340,4 +340,3 @@ func TestLeastPrivilege_DocsInStep(t *testing.T) {
 		}
 	}
 }
-
