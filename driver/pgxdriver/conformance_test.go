@@ -52,7 +52,12 @@ func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformanc
 var _ conformance.ListenerInterrupter = (*faults)(nil)
 
 func (h harness) MakeBenchmarkStore(b *testing.B, cfg conformance.StoreConfig) conformance.Store {
-	return conformance.Store{Coordinator: newTestCoordinator(b, h.simple, cfg.Now, cfg.PartitionCount)}
+	c := newTestCoordinator(b, h.simple, cfg.Now, cfg.PartitionCount)
+	st := conformance.Store{Coordinator: c}
+	if !h.simple {
+		st.Faults = &faults{t: b, c: c}
+	}
+	return st
 }
 
 // newTestCoordinator returns a Coordinator over a fresh migrated schema,
@@ -80,7 +85,7 @@ func newTestCoordinator(t testing.TB, simple bool, now func() time.Time, partiti
 
 // faults breaks a store the way production breaks it.
 type faults struct {
-	t *testing.T
+	t testing.TB
 	c *Coordinator
 }
 
