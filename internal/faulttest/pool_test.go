@@ -30,11 +30,7 @@ func TestPoolExhaustion_Postgres(t *testing.T) {
 	in := e.startInstance(instanceConfig{
 		opts:     opts,
 		maxConns: 2,
-		// jit=off: the wp_* heartbeat and sweep statements are JIT-compiled
-		// on every call (TestSlowDatabase_PumpCallsAreNotJITCompiled), which
-		// on a loaded machine takes them past 200 ms, so the instance never
-		// registers and this scenario would measure that bug, not the pool.
-		runtime: map[string]string{"statement_timeout": "200", "jit": "off"},
+		runtime:  map[string]string{"statement_timeout": "200"},
 		register: registerAll(func(in *pgInstance) workpump.Handler {
 			return e.recordHandler(in, func(ctx context.Context, w workpump.Work) error {
 				seq := payloadSeq(w)

@@ -22,15 +22,14 @@ import (
 // wp_* functions execute, and fails for each call whose statements were
 // JIT-compiled.
 //
-// The functions run with SET enable_seqscan = off. On small tables that
-// prices every sequential scan at 1e10, far above jit_above_cost (100 000 by
-// default), so Postgres JIT-compiles (with inlining and optimisation) the
-// statement on every call: here a heartbeat or a stale sweep takes
-// 60–180 ms instead of 3 ms (the first call of a session over a second).
-// That is what made the pool scenario's 200 ms statement_timeout cancel
-// every heartbeat on a loaded machine, so that instance never claimed.
-// Adding SET jit = off next to each SET enable_seqscan = off (or dropping
-// the enable_seqscan override) removes it.
+// The write functions run with SET enable_seqscan = off. On small tables
+// that prices every sequential scan at 1e10, far above jit_above_cost
+// (100 000 by default), so without SET jit = off next to it Postgres
+// JIT-compiles (with inlining and optimisation) the statement on every call:
+// a heartbeat or a stale sweep then took 60–180 ms instead of 3 ms (the first
+// call of a session over a second), and a 200 ms statement_timeout cancelled
+// every heartbeat on a loaded machine, so the pool scenario's instance never
+// claimed. This keeps that from coming back.
 func TestSlowDatabase_PumpCallsAreNotJITCompiled(t *testing.T) {
 	e := newPGEnv(t)
 	ctx := t.Context()
