@@ -341,6 +341,11 @@ func (e *pgEnv) startInstance(cfg instanceConfig) *pgInstance {
 	}
 	in := &pgInstance{id: cfg.opts.ID, stopped: make(chan struct{})}
 	in.appName = "wpft-" + strings.ReplaceAll(in.id.String(), "-", "")[:20]
+	if cfg.opts.Logger == nil {
+		var lg hclog.Logger
+		lg, in.log = testLogger(t, "pump "+in.appName)
+		cfg.opts.Logger = lg
+	}
 	pc := pgtest.Config(t, pgx.QueryExecModeCacheStatement)
 	pc.MaxConns = max(cfg.maxConns, 1)
 	pc.ConnConfig.RuntimeParams["application_name"] = in.appName
@@ -373,11 +378,6 @@ func (e *pgEnv) startInstance(cfg instanceConfig) *pgInstance {
 		t.Fatal(err)
 	}
 	in.view = faults.NewSeverable(in.coord)
-	if cfg.opts.Logger == nil {
-		var lg hclog.Logger
-		lg, in.log = testLogger(t, "pump "+in.appName)
-		cfg.opts.Logger = lg
-	}
 	if in.pump, err = workpump.New(in.view, cfg.opts); err != nil {
 		pool.Close()
 		t.Fatal(err)
