@@ -34,6 +34,9 @@ func TestDatabaseRestart_Postgres(t *testing.T) {
 			"(e.g. `pg_ctlcluster --skip-systemctl-redirect 15 main restart`) to run the restart scenario", envRestartCmd)
 	}
 	e := newPGEnv(t)
+	// The restart kills the shared pool's sessions too: start later tests
+	// on fresh connections.
+	t.Cleanup(e.admin.Reset)
 	var downs, ups atomic.Int32
 	var insts []*pgInstance
 	for range 2 {
