@@ -6,7 +6,6 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/workers"
@@ -17,8 +16,12 @@ import (
 // at a time, so a stream's items never overlap or reorder; different runs
 // proceed in parallel. Items without a stream are runs of their own.
 type run struct {
-	items      []driver.Work
-	claimStart time.Time
+	items []driver.Work
+	// handles hold each item's lease from the moment it is dispatched, not
+	// from the moment it starts: items queued behind a slow predecessor of
+	// their stream are renewed while they wait, so none starts with a lease
+	// handle that has already run out.
+	handles []*workers.LeaseHandle
 }
 
 type scopeKey struct {
@@ -89,8 +92,9 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	index := make(map[scopeKey]int, len(batch))
 	runs := make([]run, 0, len(batch))
 	for _, w := range batch {
+		h := d.p.renew.Acquire(d.ctx, w, claimStart)
 		if w.StreamID == "" {
-			runs = append(runs, run{items: []driver.Work{w}, claimStart: claimStart})
+			runs = append(runs, run{items: []driver.Work{w}, handles: []*workers.LeaseHandle{h}})
 			continue
 		}
 		k := scopeKey{category: w.Category, stream: w.StreamID}
@@ -99,10 +103,11 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 		}
 		if i, ok := index[k]; ok {
 			runs[i].items = append(runs[i].items, w)
+			runs[i].handles = append(runs[i].handles, h)
 			continue
 		}
 		index[k] = len(runs)
-		runs = append(runs, run{items: []driver.Work{w}, claimStart: claimStart})
+		runs = append(runs, run{items: []driver.Work{w}, handles: []*workers.LeaseHandle{h}})
 	}
 	for i, r := range runs {
 		select {
@@ -111,10 +116,17 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 			// Stop is under way: the rest were never started. Deregister
 			// releases their leases; count them out here.
 			for _, rest := range runs[i:] {
+				dispose(rest.handles)
 				d.done(len(rest.items))
 			}
 			return
 		}
+	}
+}
+
+func dispose(hs []*workers.LeaseHandle) {
+	for _, h := range hs {
+		h.Dispose()
 	}
 }
 
@@ -131,15 +143,26 @@ func (d *dispatcher) execute(r run) {
 		if d.stopping.Load() {
 			// Not started: leave the lease to Deregister, which Stop calls
 			// after the drain, so a peer can take the item at once.
+			dispose(r.handles[i:])
 			d.done(len(r.items) - i)
 			return
 		}
-		err := d.runOne(w, r.claimStart)
+		if r.handles[i].Context().Err() != nil {
+			// Its lease handle ended while it waited (renewals refused or
+			// lost): do not start it on a dead context. Give it and the
+			// rest of its stream back; they are claimed afresh.
+			dispose(r.handles[i:])
+			d.p.release(r.items[i:])
+			d.done(len(r.items) - i)
+			return
+		}
+		err := d.runOne(w, r.handles[i])
 		d.done(1)
 		if err != nil {
 			// Order: later items of this stream must wait for the failed
 			// one's retry. Give their leases (and attempts) back.
 			if rest := r.items[i+1:]; len(rest) > 0 {
+				dispose(r.handles[i+1:])
 				d.p.release(rest)
 				d.done(len(rest))
 			}
@@ -150,9 +173,8 @@ func (d *dispatcher) execute(r run) {
 
 // runOne runs one item's handler under its lease handle and queues the
 // outcome. It returns the handler's error.
-func (d *dispatcher) runOne(w driver.Work, claimStart time.Time) error {
+func (d *dispatcher) runOne(w driver.Work, h *workers.LeaseHandle) error {
 	p := d.p
-	h := p.renew.Acquire(d.ctx, w, claimStart)
 	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w}
 	ctx := driver.WithDelivery(h.Context(), del)
 	var err error

@@ -39,19 +39,19 @@ func (t *handlerTable) add(c driver.Category, name string, h Handler) error {
 		return fmt.Errorf("workpump: Handle: %w", err)
 	}
 	if h == nil {
-		return fmt.Errorf("workpump: Handle(%s, %q): nil handler", c, name)
+		return fmt.Errorf("workpump: Handle(%s, %q): %w: nil handler", c, name, driver.ErrInvalidArgument)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.frozen {
-		return fmt.Errorf("workpump: Handle(%s, %q): the pump has started; register handlers before Start", c, name)
+		return fmt.Errorf("workpump: Handle(%s, %q): %w: the pump has started; register handlers before Start", c, name, driver.ErrInvalidArgument)
 	}
 	k := handlerKey{c, name}
 	if _, dup := t.m[k]; dup {
 		if name == "" {
-			return fmt.Errorf("workpump: Handle(%s, \"\"): a catch-all handler for %s is already registered", c, c)
+			return fmt.Errorf("workpump: Handle(%s, \"\"): %w: a catch-all handler for %s is already registered", c, driver.ErrInvalidArgument, c)
 		}
-		return fmt.Errorf("workpump: Handle(%s, %q): already registered", c, name)
+		return fmt.Errorf("workpump: Handle(%s, %q): %w: already registered", c, name, driver.ErrInvalidArgument)
 	}
 	if t.m == nil {
 		t.m = make(map[handlerKey]Handler)

@@ -148,13 +148,13 @@ func (p *Pump) claimedCategories() ([]driver.Category, error) {
 	if len(cats) == 0 {
 		cats = p.handlers.categories()
 		if len(cats) == 0 {
-			return nil, fmt.Errorf("workpump: Start: no handlers registered (call Pump.Handle before Start)")
+			return nil, fmt.Errorf("workpump: Start: %w: no handlers registered (call Pump.Handle before Start)", driver.ErrInvalidArgument)
 		}
 		return cats, nil
 	}
 	for _, c := range cats {
 		if !p.handlers.hasAny(c) {
-			return nil, fmt.Errorf("workpump: Start: category %s is claimed (Options.Categories) but has no handler", c)
+			return nil, fmt.Errorf("workpump: Start: %w: category %s is claimed (Options.Categories) but has no handler", driver.ErrInvalidArgument, c)
 		}
 	}
 	return (driver.ClaimRequest{Categories: cats}).CategoriesOrAll(), nil
@@ -165,7 +165,9 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	var signals workers.SignalSource
 	var lock workers.AliveLock
 	if l, ok := p.coord.(driver.Listener); ok {
-		sub, err := l.Listen(ctx, o.ID)
+		// The listener lives as long as the pump, not as long as Start's
+		// context: ending it would drop the alive-lock under a live pump.
+		sub, err := l.Listen(context.WithoutCancel(ctx), o.ID)
 		if err != nil {
 			// Polling covers for a missing listener; the pump still runs.
 			p.log.Warn("signal listener unavailable; polling only", "error", err)
@@ -329,7 +331,9 @@ func (p *Pump) teardown(ctx context.Context) error {
 		keep(p.hb.Stop(fctx))
 	}
 	if p.hb != nil {
-		if err := p.coord.Deregister(fctx, p.opts.ID); err != nil {
+		// Retried: a pool connection broken a moment ago must not leave the
+		// instance registered, holding leases until peers evict it.
+		if err := withRetry(fctx, func() error { return p.coord.Deregister(fctx, p.opts.ID) }); err != nil {
 			keep(fmt.Errorf("workpump: deregister: %w", err))
 		}
 	}

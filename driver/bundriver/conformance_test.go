@@ -25,7 +25,7 @@ func (h harness) Capabilities() conformance.Capabilities {
 }
 
 func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
-	schema := pgtest.Schema(t)
+	schema := pgtest.CleanSchema(t)
 	opts := bundriver.Options{
 		Schema:               schema,
 		PartitionCount:       cfg.PartitionCount,
