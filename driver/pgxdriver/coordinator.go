@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/pgcall"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -43,7 +44,7 @@ var (
 )
 
 // statements holds every SQL text the coordinator runs, rendered once for
-// its schema. Parameters carry explicit casts so the same text works in the
+// its schema from internal/pgcall, which bundriver renders too. Parameters carry explicit casts so the same text works in the
 // extended and the simple protocol.
 type statements struct {
 	enqueue, claim, renew, complete, fail, release            string
@@ -54,29 +55,26 @@ type statements struct {
 }
 
 func newStatements(schema string) statements {
-	s := `"` + schema + `"`
+	s, d := `"`+schema+`"`, pgcall.Dollar
 	return statements{
-		enqueue:  `SELECT ` + s + `.wp_enqueue($1::text[], $2::uuid[], $3::text[], $4::integer[], $5::text[], $6::text[], $7::bytea[], $8::text[], $9::timestamptz[], $10::timestamptz)`,
-		claim:    `SELECT * FROM ` + s + `.wp_claim_work($1::uuid, $2::text[], $3::bigint, $4::integer, $5::timestamptz)`,
-		renew:    `SELECT * FROM ` + s + `.wp_renew_leases($1::uuid, $2::text, $3::uuid[], $4::bigint, $5::timestamptz)`,
-		complete: `SELECT * FROM ` + s + `.wp_complete($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz)`,
-		fail: `SELECT * FROM ` + s + `.wp_fail($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::text[], $6::bigint[], ` +
-			`$7::integer, $8::bigint, $9::bigint, $10::timestamptz)`,
-		release: `SELECT * FROM ` + s + `.wp_release($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz)`,
-		heartbeat: `SELECT * FROM ` + s + `.wp_record_heartbeat($1::uuid, $2::text, $3::text, $4::integer, $5::text, $6::bigint, $7::bigint, ` +
-			`$8::timestamptz, $9::boolean, $10::bigint)`,
-		cleanup:    `SELECT * FROM ` + s + `.wp_cleanup_stale_instances($1::bigint, $2::bigint, $3::timestamptz, $4::bigint)`,
-		deregister: `SELECT ` + s + `.wp_deregister($1::uuid, $2::timestamptz)`,
-		purge:      `SELECT * FROM ` + s + `.wp_purge($1::bigint, $2::bigint, $3::bigint, $4::timestamptz)`,
-
-		getWork:       `SELECT * FROM ` + s + `.wp_get_work($1::text, $2::uuid)`,
-		listInstances: `SELECT * FROM ` + s + `.wp_instance_states()`,
-		listDead:      `SELECT * FROM ` + s + `.wp_list_dead_letters($1::integer)`,
-		streamOwner:   `SELECT * FROM ` + s + `.wp_get_stream_owner($1::text)`,
-		stats:         `SELECT * FROM ` + s + `.wp_stats($1::timestamptz)`,
-		statsLeases:   `SELECT * FROM ` + s + `.wp_stats_leases($1::timestamptz)`,
-		deadCount:     `SELECT count(*) FROM ` + s + `.wp_dead_letters`,
-		version:       `SELECT max(version) FROM ` + s + `.` + migrations.VersionTable,
+		enqueue:       pgcall.Enqueue.SQL(schema, d),
+		claim:         pgcall.Claim.SQL(schema, d),
+		renew:         pgcall.Renew.SQL(schema, d),
+		complete:      pgcall.Complete.SQL(schema, d),
+		fail:          pgcall.Fail.SQL(schema, d),
+		release:       pgcall.Release.SQL(schema, d),
+		heartbeat:     pgcall.Heartbeat.SQL(schema, d),
+		cleanup:       pgcall.Cleanup.SQL(schema, d),
+		deregister:    pgcall.Deregister.SQL(schema, d),
+		purge:         pgcall.Purge.SQL(schema, d),
+		getWork:       pgcall.GetWork.SQL(schema, d),
+		listInstances: pgcall.InstanceStates.SQL(schema, d),
+		listDead:      pgcall.ListDead.SQL(schema, d),
+		streamOwner:   pgcall.StreamOwner.SQL(schema, d),
+		stats:         pgcall.Stats.SQL(schema, d),
+		statsLeases:   pgcall.StatsLeases.SQL(schema, d),
+		deadCount:     pgcall.DeadCountSQL(schema),
+		version:       pgcall.VersionSQL(schema),
 		aliveKey:      `SELECT ` + s + `.wp_alive_lock_key($1::uuid)`,
 		tryLock:       `SELECT pg_try_advisory_lock(` + s + `.wp_alive_lock_key($1::uuid))`,
 		unlock:        `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key($1::uuid))`,
