@@ -128,24 +128,30 @@ func purgeDeadLetters(e *env) {
 
 func purgeStreams(e *env) {
 	e.purger()
-	a := e.instances(1)[0]
-	expired, live := item(driver.Outbox, "expired"), item(driver.Outbox, "live")
+	ids := e.instances(2)
+	a, b := ids[0], ids[1]
+	// B takes a stream with a one-minute lease and never settles it: its
+	// ownership row outlives the lease. (A settled stream leaves no row to
+	// purge: see Streams/OwnershipEnds*.)
+	s := e.streamFor("expired", ids, b)
+	expired, live := item(driver.Inbox, s), item(driver.Outbox, e.streamFor("live", ids, a))
 	e.enqueue(expired)
-	e.completeAll(a, e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: time.Minute, MaxPerCategory: 10}).Work)
+	got := e.claimReq(driver.ClaimRequest{InstanceID: b, Lease: time.Minute, MaxPerCategory: 10}).Work
+	e.wantIDs("B's claim of the expiring stream", got, expired.ID)
 	e.advance(30 * time.Minute)
 	e.enqueue(live)
-	held := e.claim(a).Work
-	e.wantIDs("claim of the live stream", held, live.ID)
+	held := e.claimReq(driver.ClaimRequest{InstanceID: a, Categories: []driver.Category{driver.Outbox}, Lease: defaultLease, MaxPerCategory: 10}).Work
+	e.wantIDs("A's claim of the live stream", held, live.ID)
 	e.advance(15 * time.Minute)
-	// "expired" has been ownerless or expired for 44m, "live" expired 10m
-	// ago: purging streams expired for more than 12m removes only the first.
+	// The first stream's lease expired 44m ago, the live one's 10m ago:
+	// purging streams expired for more than 12m removes only the first.
 	if res := e.purge(driver.PurgeRequest{StreamsExpiredFor: 12 * time.Minute}); res != (driver.PurgeResult{Streams: 1}) {
 		e.t.Fatalf("Purge(StreamsExpiredFor 12m) = %+v, want {Streams:1}", res)
 	}
-	if so, ok := e.owner("expired"); ok {
+	if so, ok := e.owner(s); ok {
 		e.t.Fatalf("stream row %+v survived the purge", so)
 	}
-	e.mustOwn("live", a, held[0].LeaseExpiry, "Purge of streams expired for 12m")
+	e.mustOwn(live.StreamID, a, held[0].LeaseExpiry, "Purge of streams expired for 12m")
 }
 
 func purgeZero(e *env) {

@@ -45,7 +45,10 @@
 // stream (in any category): a stream stays with one instance while it has
 // work in flight there, and otherwise returns to its rank owner, so streams
 // rebalance over the live instances between batches instead of sticking to
-// whichever instance claimed them first.
+// whichever instance claimed them first. A stream whose ownership ended
+// this way has no ownership row any more (GetStreamOwner reports ok=false);
+// streams released by CleanupStale or Deregister keep an ownerless row until
+// Purge removes it.
 //
 // Completion, failure, dead letters. Complete removes a row (inbox rows are
 // kept, marked processed, so a redelivered message id is deduplicated until it

@@ -281,14 +281,13 @@ func (s *Store) unhold(stream string, id uuid.UUID) (last bool) {
 
 // settle clears the lease of a row id completed, failed or released; when
 // that was id's last leased row of a stream id owns, the ownership ends
-// (the stream returns to its rank owner).
+// and its row is deleted (the stream returns to its rank owner).
 func (s *Store) settle(r *row, id uuid.UUID) {
 	if !s.unlease(r) {
 		return
 	}
 	if st := s.streams[r.w.StreamID]; st != nil && st.owner == id {
-		st.owner = uuid.Nil
-		st.expiry = time.Time{}
+		delete(s.streams, r.w.StreamID)
 	}
 }
 

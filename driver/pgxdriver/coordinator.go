@@ -163,15 +163,52 @@ func (c *Coordinator) sqlErr(op string, err error) error {
 	return fmt.Errorf("pgxdriver: %s: %w", op, err)
 }
 
-// uuidStrings renders ids as text: a []uuid.UUID has no text encoding when
-// pgx does not know the parameter type (simple protocol), text works in both
-// modes and the SQL casts it.
-func uuidStrings(ids []uuid.UUID) []string {
-	out := make([]string, len(ids))
+// uuidArray encodes ids for a uuid[] parameter sent through q. On the
+// extended protocol the elements go as binary [16]byte: handed a
+// []uuid.UUID, pgx would encode each id through its driver.Valuer, as text
+// (four times the cost of the binary form for 1000 ids, measured). On the
+// simple protocol pgx does not know the parameter type, so the ids go as
+// text, which the SQL casts.
+func uuidArray(q querier, ids []uuid.UUID) any {
+	if simpleProtocol(q) {
+		out := make([]string, len(ids))
+		for i, id := range ids {
+			out[i] = id.String()
+		}
+		return out
+	}
+	out := make([][16]byte, len(ids))
 	for i, id := range ids {
-		out[i] = id.String()
+		out[i] = id
 	}
 	return out
+}
+
+// simpleProtocol reports whether q (the pool or a caller's transaction,
+// whose connection may come from another pool) runs the simple protocol.
+func simpleProtocol(q querier) bool {
+	switch q := q.(type) {
+	case *pgxpool.Pool:
+		return q.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
+	case pgx.Tx:
+		return q.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
+	}
+	return true
+}
+
+// uuidRows collects a one-column uuid result. pgtype.UUID scans the binary
+// form directly (uuid.UUID would go through its sql.Scanner, as text).
+func uuidRows(rows pgx.Rows) ([]uuid.UUID, error) {
+	defer rows.Close()
+	var out []uuid.UUID
+	var u pgtype.UUID
+	for rows.Next() {
+		if err := rows.Scan(&u); err != nil {
+			return nil, err
+		}
+		out = append(out, u.Bytes)
+	}
+	return out, rows.Err()
 }
 
 func checkInstanceArg(id uuid.UUID) error {
@@ -240,7 +277,7 @@ func (c *Coordinator) enqueue(ctx context.Context, q querier, items []driver.New
 		}
 	}
 	var inserted int
-	if err := q.QueryRow(ctx, c.sql.enqueue, cats, uuidStrings(ids), streams, parts, names, types, payloads, metas, sched, c.nowArg()).Scan(&inserted); err != nil {
+	if err := q.QueryRow(ctx, c.sql.enqueue, cats, uuidArray(q, ids), streams, parts, names, types, payloads, metas, sched, c.nowArg()).Scan(&inserted); err != nil {
 		return nil, c.sqlErr("Enqueue", err)
 	}
 	return ids, nil
@@ -270,6 +307,7 @@ func (c *Coordinator) ClaimWork(ctx context.Context, req driver.ClaimRequest) (d
 	var (
 		res     driver.ClaimResult
 		cat     string
+		id      pgtype.UUID
 		meta    []byte
 		part    int32
 		att     int32
@@ -280,11 +318,12 @@ func (c *Coordinator) ClaimWork(ctx context.Context, req driver.ClaimRequest) (d
 	per := map[driver.Category]int{}
 	for rows.Next() {
 		var w driver.Work
-		if err := rows.Scan(&cat, &w.ID, &w.StreamID, &part, &w.Name, &w.MessageType, &w.Payload, &meta,
+		if err := rows.Scan(&cat, &id, &w.StreamID, &part, &w.Name, &w.MessageType, &w.Payload, &meta,
 			&att, &w.Seq, &sched, &created, &lease, &w.Orphaned); err != nil {
 			return driver.ClaimResult{}, c.sqlErr("ClaimWork", err)
 		}
 		w.Category = driver.Category(cat)
+		w.ID = id.Bytes
 		w.Partition = int(part)
 		w.Attempts = int(att)
 		w.Metadata = json.RawMessage(meta)
@@ -324,11 +363,11 @@ func (c *Coordinator) RenewLeases(ctx context.Context, req driver.RenewRequest) 
 	if err := req.Validate(); err != nil {
 		return driver.RenewResult{}, err
 	}
-	rows, err := c.pool.Query(ctx, c.sql.renew, req.InstanceID, string(req.Category), uuidStrings(req.IDs), req.Lease.Nanoseconds(), c.nowArg())
+	rows, err := c.pool.Query(ctx, c.sql.renew, req.InstanceID, string(req.Category), uuidArray(c.pool, req.IDs), req.Lease.Nanoseconds(), c.nowArg())
 	if err != nil {
 		return driver.RenewResult{}, c.sqlErr("RenewLeases", err)
 	}
-	renewed, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	renewed, err := uuidRows(rows)
 	if err != nil {
 		return driver.RenewResult{}, c.sqlErr("RenewLeases", err)
 	}
@@ -350,15 +389,17 @@ func (c *Coordinator) RenewLeases(ctx context.Context, req driver.RenewRequest) 
 
 type refArgs struct {
 	cats []string
-	ids  []string
+	ids  any
 	atts []int32
 }
 
-func newRefArgs(refs []driver.Ref) refArgs {
-	a := refArgs{cats: make([]string, len(refs)), ids: make([]string, len(refs)), atts: make([]int32, len(refs))}
+func newRefArgs(q querier, refs []driver.Ref) refArgs {
+	a := refArgs{cats: make([]string, len(refs)), atts: make([]int32, len(refs))}
+	ids := make([]uuid.UUID, len(refs))
 	for i, r := range refs {
-		a.cats[i], a.ids[i], a.atts[i] = string(r.Category), r.ID.String(), int32(r.Attempts)
+		a.cats[i], ids[i], a.atts[i] = string(r.Category), r.ID, int32(r.Attempts)
 	}
+	a.ids = uuidArray(q, ids)
 	return a
 }
 
@@ -390,7 +431,7 @@ func (c *Coordinator) applied(op string, rows pgx.Rows, withDead bool) (map[refK
 	applied, dead := map[refKey]bool{}, map[refKey]bool{}
 	var (
 		cat  string
-		id   uuid.UUID
+		id   pgtype.UUID
 		died bool
 	)
 	for rows.Next() {
@@ -403,7 +444,7 @@ func (c *Coordinator) applied(op string, rows pgx.Rows, withDead bool) (map[refK
 		if err != nil {
 			return nil, nil, c.sqlErr(op, err)
 		}
-		k := refKey{driver.Category(cat), id}
+		k := refKey{driver.Category(cat), id.Bytes}
 		if died {
 			dead[k] = true
 		} else {
@@ -464,7 +505,7 @@ func (c *Coordinator) complete(ctx context.Context, q querier, instanceID uuid.U
 	if err := driver.ValidateRefs(refs); err != nil {
 		return driver.AckResult{}, err
 	}
-	a := newRefArgs(refs)
+	a := newRefArgs(q, refs)
 	rows, err := q.Query(ctx, c.sql.complete, instanceID, a.cats, a.ids, a.atts, c.nowArg())
 	if err != nil {
 		return driver.AckResult{}, c.sqlErr("Complete", err)
@@ -493,7 +534,7 @@ func (c *Coordinator) Fail(ctx context.Context, req driver.FailRequest) (driver.
 		errs[i] = driver.SanitizeErrorText(f.Error)
 		after[i] = f.RetryAfter.Nanoseconds()
 	}
-	a := newRefArgs(refs)
+	a := newRefArgs(c.pool, refs)
 	rows, err := c.pool.Query(ctx, c.sql.fail, req.InstanceID, a.cats, a.ids, a.atts, errs, after,
 		int32(min(req.MaxAttempts, 1<<31-1)), req.RetryBase.Nanoseconds(), req.RetryMax.Nanoseconds(), c.nowArg())
 	if err != nil {
@@ -518,7 +559,7 @@ func (c *Coordinator) Release(ctx context.Context, instanceID uuid.UUID, refs []
 	if err := driver.ValidateRefs(refs); err != nil {
 		return driver.AckResult{}, err
 	}
-	a := newRefArgs(refs)
+	a := newRefArgs(c.pool, refs)
 	rows, err := c.pool.Query(ctx, c.sql.release, instanceID, a.cats, a.ids, a.atts, c.nowArg())
 	if err != nil {
 		return driver.AckResult{}, c.sqlErr("Release", err)
@@ -549,7 +590,7 @@ func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatR
 	if err != nil {
 		return driver.HeartbeatResult{}, c.sqlErr("RecordHeartbeat", err)
 	}
-	ev, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	ev, err := uuidRows(rows)
 	if err != nil {
 		return driver.HeartbeatResult{}, c.sqlErr("RecordHeartbeat", err)
 	}
@@ -572,7 +613,7 @@ func (c *Coordinator) CleanupStale(ctx context.Context, req driver.CleanupReques
 	if err != nil {
 		return nil, c.sqlErr("CleanupStale", err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	ids, err := uuidRows(rows)
 	if err != nil {
 		return nil, c.sqlErr("CleanupStale", err)
 	}

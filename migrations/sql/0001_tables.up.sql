@@ -77,7 +77,9 @@ COMMENT ON TABLE {{.S}}.wp_service_instances IS
     'workpump: registered (live) pump instances; rank = position by instance_id';
 
 -- One row per claimed stream: its owner and stream lease, shared by every
--- category. Released streams keep their row with no owner until purged.
+-- category. A stream whose owner settled its last row loses its row
+-- (wp_settle_streams deletes it); streams released by cleanup or deregister
+-- keep an ownerless row until purged.
 CREATE TABLE {{.S}}.wp_active_streams (
     stream_id            text        PRIMARY KEY,
     assigned_instance_id uuid,

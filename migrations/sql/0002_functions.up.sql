@@ -541,28 +541,46 @@ $fn$;
 -- wp_settle_streams ends p_instance_id's ownership of those of p_streams in
 -- which it no longer holds a pending leased row in any category, so a stream
 -- goes back to its rank owner between batches instead of sticking to
--- whichever instance claimed it first. (OFFSET 0 keeps each NOT EXISTS a
--- per-stream index probe: as an anti-join a stale row estimate could make
--- it scan every blocker row once per stream.)
+-- whichever instance claimed it first. The ownership row is deleted, not
+-- cleared: a delete writes no new tuple and no index entry, and the next
+-- claim of the stream inserts a fresh row. Rows are filtered before they are
+-- locked (a stream that stays owned costs no lock), locked in stream order
+-- (as every other writer of wp_active_streams does, so no deadlock), and
+-- deleted by ctid. A category without any blocking row is not probed per
+-- stream. (OFFSET 0 keeps each NOT EXISTS a per-stream index probe: as an
+-- anti-join a stale row estimate could make it scan every blocker row once
+-- per stream.)
 CREATE FUNCTION {{.S}}.wp_settle_streams(p_instance_id uuid, p_streams text[]) RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET enable_seqscan = off
 SET jit = off
 AS $fn$
-    UPDATE {{.S}}.wp_active_streams a
-       SET assigned_instance_id = NULL, lease_expiry = NULL
-      FROM (SELECT s.stream_id FROM {{.S}}.wp_active_streams s
-             WHERE s.stream_id = ANY (p_streams) AND (s.assigned_instance_id = p_instance_id) IS TRUE
-             ORDER BY s.stream_id
-               FOR NO KEY UPDATE) l
-     WHERE a.stream_id = l.stream_id
+#variable_conflict use_column
+DECLARE
 {{- range .Cats}}
-       AND NOT EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
-                        WHERE t.stream_id = l.stream_id AND t.{{.Done}} IS NULL AND t.stream_id <> ''
-                          AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)
-                          AND (t.instance_id = p_instance_id) IS TRUE
-                        OFFSET 0)
+    v_{{.Name}} boolean;
 {{- end}}
+BEGIN
+    SELECT {{range $i, $c := .Cats}}{{if $i}},
+           {{end}}EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
+                    WHERE t.{{.Done}} IS NULL AND t.stream_id <> ''
+                      AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)){{end}}
+      INTO {{range $i, $c := .Cats}}{{if $i}}, {{end}}v_{{.Name}}{{end}};
+    DELETE FROM {{.S}}.wp_active_streams a
+     WHERE a.ctid = ANY (ARRAY(
+        SELECT s.ctid FROM {{.S}}.wp_active_streams s
+         WHERE s.stream_id = ANY (p_streams) AND (s.assigned_instance_id = p_instance_id) IS TRUE
+{{- range .Cats}}
+           AND (NOT v_{{.Name}} OR NOT EXISTS (
+                  SELECT 1 FROM {{$.S}}.{{.Table}} t
+                   WHERE t.stream_id = s.stream_id AND t.{{.Done}} IS NULL AND t.stream_id <> ''
+                     AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)
+                     AND (t.instance_id = p_instance_id) IS TRUE
+                  OFFSET 0))
+{{- end}}
+         ORDER BY s.stream_id
+           FOR UPDATE));
+END
 $fn$;
 
 -- wp_complete completes handed-out attempts (parallel arrays category, id,
