@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -26,6 +28,7 @@ type benchConfig struct {
 	duration                           time.Duration
 	asJSON, reset                      bool
 	databaseURL, schema                string
+	cpuProfile                         string
 }
 
 // benchResult is the --json line.
@@ -54,6 +57,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue")
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
 	fs.StringVar(&c.schema, "schema", "", "Postgres schema (default: a new workpump_bench_<random> schema, dropped at the end)")
 	if err := parseFlags(fs, args); err != nil {
@@ -182,6 +186,11 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	enq := time.Since(t0)
 	fmt.Fprintf(out, "enqueued %d items in %.2fs (%.0f items/s, batches of %d)\n", c.n, enq.Seconds(), float64(c.n)/enq.Seconds(), chunk)
 
+	stopProfile, err := startCPUProfile(c.cpuProfile)
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer stopProfile()
 	var completed atomic.Int64
 	start := time.Now()
 	_, stopAll, err := startPumps(ctx, c, be, func(context.Context, workpump.Work) error { return nil }, &completed)
@@ -191,16 +200,19 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	defer stopAll()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	poll := time.NewTicker(time.Millisecond)
+	defer poll.Stop()
 	for completed.Load() < int64(c.n) {
 		select {
 		case <-ctx.Done():
 			return benchResult{}, fmt.Errorf("interrupted with %d of %d done", completed.Load(), c.n)
 		case <-tick.C:
 			fmt.Fprintf(out, "%6.1fs  %d/%d done\n", time.Since(start).Seconds(), completed.Load(), c.n)
-		case <-time.After(2 * time.Millisecond):
+		case <-poll.C:
 		}
 	}
 	took := time.Since(start)
+	stopProfile()
 	fmt.Fprintf(out, "drained %d items in %.2fs: %.0f items/s (claim, no-op handler, completion)\n", c.n, took.Seconds(), float64(c.n)/took.Seconds())
 	return benchResult{Items: c.n, Seconds: took.Seconds(), ItemsPerSec: float64(c.n) / took.Seconds(), EnqueueItemsPerSec: float64(c.n) / enq.Seconds()}, nil
 }
@@ -228,6 +240,35 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	defer stopAll()
 	// Let the instances register and go idle, as in production.
 	time.Sleep(500 * time.Millisecond)
+	stopProfile, err := startCPUProfile(c.cpuProfile)
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer stopProfile()
+	// The load generator: items are due at a fixed pace, and a pool of
+	// senders commits each in its own transaction, so one slow commit does
+	// not hold back the ones due after it (a serial loop tops out at one
+	// item per round trip, ~460/s here).
+	jobs := make(chan int, total)
+	errs := make(chan error, 1)
+	var senders sync.WaitGroup
+	for range min(64, 4+c.rate/100) {
+		senders.Add(1)
+		go func() {
+			defer senders.Done()
+			for k := range jobs {
+				id, err := be.enqueueOne(ctx, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", k%c.streams), Name: "bench"})
+				if err != nil {
+					select {
+					case errs <- fmt.Errorf("enqueue: %w", err):
+					default:
+					}
+					return
+				}
+				committed.Store(id, time.Now())
+			}
+		}()
+	}
 	interval := time.Second / time.Duration(c.rate)
 	next := time.Now()
 	begin := next
@@ -236,17 +277,22 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 			time.Sleep(d)
 		}
 		next = next.Add(interval)
-		id, err := be.enqueueOne(ctx, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", k%c.streams), Name: "bench"})
-		if err != nil {
-			return benchResult{}, fmt.Errorf("enqueue: %w", err)
-		}
-		committed.Store(id, time.Now())
+		jobs <- k
 	}
+	close(jobs)
+	senders.Wait()
+	select {
+	case err := <-errs:
+		return benchResult{}, err
+	default:
+	}
+	enqueued := time.Since(begin)
 	deadline := time.Now().Add(30 * time.Second)
 	for completed.Load() < int64(total) && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	took := time.Since(begin)
+	stopProfile()
 	var lat []float64
 	committed.Range(func(k, v any) bool {
 		mu.Lock()
@@ -262,7 +308,32 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	}
 	slices.Sort(lat)
 	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-	res := benchResult{Items: total, Seconds: took.Seconds(), ItemsPerSec: float64(total) / took.Seconds(), P50Ms: pct(0.50), P99Ms: pct(0.99), MaxMs: lat[len(lat)-1]}
+	res := benchResult{Items: total, Seconds: took.Seconds(), ItemsPerSec: float64(total) / took.Seconds(), P50Ms: pct(0.50), P99Ms: pct(0.99), MaxMs: lat[len(lat)-1],
+		EnqueueItemsPerSec: float64(total) / enqueued.Seconds()}
+	fmt.Fprintf(out, "enqueued %d items in %.2fs (%.0f items/s achieved, target %d/s)\n", total, enqueued.Seconds(), res.EnqueueItemsPerSec, c.rate)
 	fmt.Fprintf(out, "pickup latency (enqueue commit -> handler start): p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n", res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
 	return res, nil
+}
+
+// startCPUProfile writes a CPU profile to path until the returned function
+// is called (again calls are no-ops); an empty path profiles nothing.
+func startCPUProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		})
+	}, nil
 }

@@ -87,8 +87,10 @@ CREATE TABLE {{.S}}.wp_active_streams (
     CONSTRAINT wp_active_streams_lease_pair CHECK ((assigned_instance_id IS NULL) = (lease_expiry IS NULL))
 );
 
-CREATE INDEX wp_active_streams_owner ON {{.S}}.wp_active_streams (assigned_instance_id)
-    WHERE assigned_instance_id IS NOT NULL;
+-- No index on assigned_instance_id: claims and renewals rewrite these rows
+-- constantly, and the table holds only the streams in flight (settled rows
+-- are deleted), so the rare by-owner scans (cleanup, deregister) read it
+-- whole instead.
 
 COMMENT ON TABLE {{.S}}.wp_active_streams IS 'workpump: stream ownership (stream leases)';
 

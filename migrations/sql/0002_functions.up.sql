@@ -393,14 +393,24 @@ BEGIN
         -- Lock the streams (an open enqueue or a concurrent claim of a
         -- stream makes us skip it), then take ownership of those not owned
         -- by another live instance with an unexpired stream lease.
-        INSERT INTO {{.S}}.wp_stream_locks (stream_id)
-        SELECT s FROM unnest(v_streams) s ORDER BY s
-        ON CONFLICT (stream_id) DO NOTHING;
+        -- Existing lock rows first; then the missing ones are created (a
+        -- row this claim inserts is its own until commit). A row locked by
+        -- someone else conflicts and is skipped, like a SKIP LOCKED row.
         v_locked := ARRAY(
             SELECT l.stream_id FROM {{.S}}.wp_stream_locks l
              WHERE l.stream_id = ANY (v_streams)
              ORDER BY l.stream_id
                FOR UPDATE SKIP LOCKED);
+        IF cardinality(v_locked) < cardinality(v_streams) THEN
+            WITH ins AS (
+                INSERT INTO {{.S}}.wp_stream_locks (stream_id)
+                SELECT s FROM unnest(v_streams) s
+                 WHERE s NOT IN (SELECT unnest(v_locked))
+                 ORDER BY s
+                ON CONFLICT (stream_id) DO NOTHING
+                RETURNING stream_id)
+            SELECT v_locked || COALESCE(array_agg(ins.stream_id), '{}') INTO v_locked FROM ins;
+        END IF;
         WITH up AS (
             INSERT INTO {{.S}}.wp_active_streams AS a (stream_id, assigned_instance_id, lease_expiry)
             SELECT s, p_instance_id, v_exp FROM unnest(v_locked) s ORDER BY s
