@@ -239,6 +239,7 @@ func (c *Coordinator) ClaimWork(ctx context.Context, req driver.ClaimRequest) (d
 	if err := rows.Err(); err != nil {
 		return driver.ClaimResult{}, c.sqlErr("ClaimWork", err)
 	}
+	pgcall.SortClaimed(res.Work)
 	res.HasMore = pgcall.HasMore(res.Work, req.MaxPerCategory)
 	return res, nil
 }

@@ -315,7 +315,6 @@ func (c *Coordinator) ClaimWork(ctx context.Context, req driver.ClaimRequest) (d
 		created pgtype.Timestamptz
 		lease   pgtype.Timestamptz
 	)
-	per := map[driver.Category]int{}
 	for rows.Next() {
 		var w driver.Work
 		if err := rows.Scan(&cat, &id, &w.StreamID, &part, &w.Name, &w.MessageType, &w.Payload, &meta,
@@ -331,16 +330,12 @@ func (c *Coordinator) ClaimWork(ctx context.Context, req driver.ClaimRequest) (d
 		w.CreatedAt = tsTime(created)
 		w.LeaseExpiry = tsTime(lease)
 		res.Work = append(res.Work, w)
-		per[w.Category]++
 	}
 	if err := rows.Err(); err != nil {
 		return driver.ClaimResult{}, c.sqlErr("ClaimWork", err)
 	}
-	for _, n := range per {
-		if n >= req.MaxPerCategory {
-			res.HasMore = true
-		}
-	}
+	pgcall.SortClaimed(res.Work)
+	res.HasMore = pgcall.HasMore(res.Work, req.MaxPerCategory)
 	return res, nil
 }
 

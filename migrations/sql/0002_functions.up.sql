@@ -218,8 +218,8 @@ END
 $fn$;
 
 -- wp_claim_work leases claimable rows to p_instance_id and returns them,
--- grouped by category (outbox, inbox, perspective_event, receptor) and sorted
--- by seq within each. The rules are the driver package's:
+-- grouped by category (outbox, inbox, perspective_event, receptor); within a
+-- category the order is the update's, and the drivers sort by seq. The rules are the driver package's:
 --  * claimable: pending AND (unowned OR lease_expiry < now) AND due;
 --  * routing: a stream owned by a live instance with stream lease >= now is
 --    claimed only by that owner; any other row only by the instance whose
@@ -458,18 +458,15 @@ BEGIN
                  WHERE g.tid IS NOT NULL AND (g.stream_id = '' OR g.gap IS NULL OR g.seq < g.gap));
         END IF;
         IF cardinality(v_tids) > 0 THEN
+            -- Unsorted: the drivers order the rows by seq (cheaper there).
             RETURN QUERY
-            WITH up AS (
-                UPDATE {{$.S}}.{{.Table}} t
-                   SET instance_id = p_instance_id, lease_expiry = v_exp,
-                       attempts = t.attempts + 1, claim_count = t.claim_count + 1
-                 WHERE t.ctid = ANY (v_tids)
-                RETURNING t.*)
-            SELECT '{{.Name}}'::text, up.{{.Key}}, up.stream_id, up.partition_number, up.name, up.message_type,
-                   up.payload, up.metadata, up.attempts, up.seq, up.scheduled_for, up.created_at, up.lease_expiry,
-                   up.claim_count > 1
-              FROM up
-             ORDER BY up.seq;
+            UPDATE {{$.S}}.{{.Table}} t
+               SET instance_id = p_instance_id, lease_expiry = v_exp,
+                   attempts = t.attempts + 1, claim_count = t.claim_count + 1
+             WHERE t.ctid = ANY (v_tids)
+            RETURNING '{{.Name}}'::text, t.{{.Key}}, t.stream_id, t.partition_number, t.name, t.message_type,
+                      t.payload, t.metadata, t.attempts, t.seq, t.scheduled_for, t.created_at, t.lease_expiry,
+                      t.claim_count > 1;
         END IF;
     END IF;
 {{end}}
