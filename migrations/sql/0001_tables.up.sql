@@ -14,9 +14,9 @@ COMMENT ON SEQUENCE {{.S}}.wp_work_seq IS
 CREATE TABLE {{$.S}}.{{.Table}} (
     {{.Key}}         uuid        PRIMARY KEY,
     seq              bigint      NOT NULL DEFAULT nextval('{{$.S}}.wp_work_seq'),
-    stream_id        text        NOT NULL DEFAULT '',
+    stream_id        text        COLLATE "C" NOT NULL DEFAULT '',
     partition_number integer     NOT NULL CHECK (partition_number >= 0),
-    name             text        NOT NULL DEFAULT '',
+    name             text        COLLATE "C" NOT NULL DEFAULT '',
     message_type     text        NOT NULL DEFAULT '',
     payload          bytea,
     metadata         json        NOT NULL DEFAULT '{}',
@@ -81,7 +81,7 @@ COMMENT ON TABLE {{.S}}.wp_service_instances IS
 -- (wp_settle_streams deletes it); streams released by cleanup or deregister
 -- keep an ownerless row until purged.
 CREATE TABLE {{.S}}.wp_active_streams (
-    stream_id            text        PRIMARY KEY,
+    stream_id            text        COLLATE "C" PRIMARY KEY,
     assigned_instance_id uuid,
     lease_expiry         timestamptz,
     CONSTRAINT wp_active_streams_lease_pair CHECK ((assigned_instance_id IS NULL) = (lease_expiry IS NULL))
@@ -103,7 +103,7 @@ COMMENT ON TABLE {{.S}}.wp_active_streams IS 'workpump: stream ownership (stream
 -- The rows carry no state: Purge deletes unlocked ones, and the next
 -- enqueue or claim of the stream creates its row again.
 CREATE TABLE {{.S}}.wp_stream_locks (
-    stream_id text PRIMARY KEY
+    stream_id text COLLATE "C" PRIMARY KEY
 );
 
 COMMENT ON TABLE {{.S}}.wp_stream_locks IS 'workpump: per-stream lock rows (enqueue/claim serialization)';
@@ -112,9 +112,9 @@ CREATE TABLE {{.S}}.wp_dead_letters (
     dead_letter_id   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     category         text        NOT NULL,
     id               uuid        NOT NULL,
-    stream_id        text        NOT NULL,
+    stream_id        text        COLLATE "C" NOT NULL,
     partition_number integer     NOT NULL,
-    name             text        NOT NULL,
+    name             text        COLLATE "C" NOT NULL,
     message_type     text        NOT NULL,
     payload          bytea,
     metadata         json        NOT NULL,
