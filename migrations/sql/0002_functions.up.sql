@@ -290,6 +290,7 @@ DECLARE
     c_{{.Name}}_seq    bigint[];
     c_{{.Name}}_stream text[];
     c_{{.Name}}_name   text[];
+    c_{{.Name}}_fresh  boolean; -- every candidate came from the fresh index
 {{- end}}
 BEGIN
     IF p_lease_ns IS NULL OR p_lease_ns <= 0 THEN
@@ -349,17 +350,18 @@ BEGIN
         -- seq: fresh rows (index order), and waiting rows whose schedule is
         -- due or whose lease expired (few; sorted).
         SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
-               array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq)
-          INTO c_{{.Name}}_id, c_{{.Name}}_tid, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name
+               array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), bool_and(w.fresh)
+          INTO c_{{.Name}}_id, c_{{.Name}}_tid, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name, c_{{.Name}}_fresh
           FROM (
-            SELECT u.k, u.tid, u.seq, u.stream_id, u.sname
+            SELECT u.k, u.tid, u.seq, u.stream_id, u.sname, u.fresh
               FROM (
-                (SELECT t.{{.Key}} AS k, t.ctid AS tid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}} AS sname, t.partition_number
+                (SELECT t.{{.Key}} AS k, t.ctid AS tid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}} AS sname, t.partition_number,
+                        true AS fresh
                    FROM {{$.S}}.{{.Table}} t
                   WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL
                   ORDER BY t.seq)
                 UNION ALL
-                (SELECT t.{{.Key}}, t.ctid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number
+                (SELECT t.{{.Key}}, t.ctid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number, false
                    FROM {{$.S}}.{{.Table}} t
                   WHERE t.{{.Done}} IS NULL AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)
                     AND (CASE WHEN t.instance_id IS NULL THEN t.scheduled_for ELSE t.lease_expiry END) <= v_now
@@ -437,45 +439,70 @@ BEGIN
     END IF;
 {{range .Cats}}
     IF c_{{.Name}}_id IS NOT NULL THEN
-        -- Take all candidates, except those of skipped streams. Re-check and
-        -- lock them under a fresh snapshot, by ctid (a row updated meanwhile
-        -- is followed to its latest version and re-checked; the key test,
-        -- pairwise through the join, guards against a ctid reused by another
-        -- row; an "= ANY (ids)" test would compare every row with every id).
         v_every := cardinality(v_owned) = cardinality(v_streams);
-        WITH lk AS (
-            SELECT t.ctid AS tid, t.{{.Key}} AS k
-              FROM unnest(c_{{.Name}}_tid, c_{{.Name}}_id, c_{{.Name}}_stream) AS c(tid, k, stream_id)
-              JOIN {{$.S}}.{{.Table}} t ON t.ctid = c.tid
-             WHERE t.{{.Key}} = c.k
-               AND (v_every OR c.stream_id = '' OR c.stream_id IN (SELECT unnest(v_owned)))
-               AND t.{{.Done}} IS NULL
-               AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
-               AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
-               FOR UPDATE OF t SKIP LOCKED)
-        SELECT array_agg(lk.tid), array_agg(lk.k) INTO v_tids, v_got FROM lk;
-        IF cardinality(v_got) IS DISTINCT FROM cardinality(c_{{.Name}}_id) AND v_got IS NOT NULL THEN
-            -- Some candidate cannot be taken (or its stream was skipped):
-            -- keep a locked row only if no earlier candidate of its scope is
-            -- missing.
-            v_tids := ARRAY(
-                SELECT g.tid
-                  FROM (SELECT c.k, c.seq, c.stream_id, c.sname, l.tid,
-                               min(c.seq) FILTER (WHERE l.tid IS NULL) OVER (PARTITION BY c.stream_id, c.sname) AS gap
-                          FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS c(k, seq, stream_id, sname)
-                          LEFT JOIN unnest(v_got, v_tids) AS l(k, tid) ON l.k = c.k) g
-                 WHERE g.tid IS NOT NULL AND (g.stream_id = '' OR g.gap IS NULL OR g.seq < g.gap));
-        END IF;
-        IF cardinality(v_tids) > 0 THEN
-            -- Unsorted: the drivers order the rows by seq (cheaper there).
+        IF v_every AND c_{{.Name}}_fresh THEN
+            -- Fast path: every candidate is a fresh row and every stream is
+            -- locked and owned. Nobody else changes a fresh row of a locked
+            -- stream (other claimers need the stream lock; acks, renewals
+            -- and cleanup touch leased rows only), so no candidate can drop
+            -- out and leave a gap: update them directly, without the lock
+            -- step. A fresh streamless row another claimer (after a rank
+            -- change) took meanwhile fails the re-check and is left out;
+            -- it carries no order. The key test (a hashed set: IS TRUE
+            -- keeps it from becoming a join) guards against a reused ctid.
             RETURN QUERY
             UPDATE {{$.S}}.{{.Table}} t
                SET instance_id = p_instance_id, lease_expiry = v_exp,
                    attempts = t.attempts + 1, claim_count = t.claim_count + 1
-             WHERE t.ctid = ANY (v_tids)
+             WHERE t.ctid = ANY (c_{{.Name}}_tid)
+               AND (t.{{.Key}} IN (SELECT unnest(c_{{.Name}}_id))) IS TRUE
+               -- (IS TRUE: spelled plainly, this re-check matches the fresh
+               -- index's predicate, and the planner walks that whole index.)
+               AND (t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL) IS TRUE
             RETURNING '{{.Name}}'::text, t.{{.Key}}, t.stream_id, t.partition_number, t.name, t.message_type,
                       t.payload, t.metadata, t.attempts, t.seq, t.scheduled_for, t.created_at, t.lease_expiry,
                       t.claim_count > 1;
+        ELSE
+            -- Take all candidates, except those of skipped streams.
+            -- Re-check and lock them under a fresh snapshot, by ctid (a row
+            -- updated meanwhile is followed to its latest version and
+            -- re-checked; the key test, pairwise through the join, guards
+            -- against a ctid reused by another row; an "= ANY (ids)" test
+            -- would compare every row with every id).
+            WITH lk AS (
+                SELECT t.ctid AS tid, t.{{.Key}} AS k
+                  FROM unnest(c_{{.Name}}_tid, c_{{.Name}}_id, c_{{.Name}}_stream) AS c(tid, k, stream_id)
+                  JOIN {{$.S}}.{{.Table}} t ON t.ctid = c.tid
+                 WHERE t.{{.Key}} = c.k
+                   AND (v_every OR c.stream_id = '' OR c.stream_id IN (SELECT unnest(v_owned)))
+                   AND t.{{.Done}} IS NULL
+                   AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
+                   AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
+                   FOR UPDATE OF t SKIP LOCKED)
+            SELECT array_agg(lk.tid), array_agg(lk.k) INTO v_tids, v_got FROM lk;
+            IF cardinality(v_got) IS DISTINCT FROM cardinality(c_{{.Name}}_id) AND v_got IS NOT NULL THEN
+                -- Some candidate cannot be taken (or its stream was
+                -- skipped): keep a locked row only if no earlier candidate
+                -- of its scope is missing.
+                v_tids := ARRAY(
+                    SELECT g.tid
+                      FROM (SELECT c.k, c.seq, c.stream_id, c.sname, l.tid,
+                                   min(c.seq) FILTER (WHERE l.tid IS NULL) OVER (PARTITION BY c.stream_id, c.sname) AS gap
+                              FROM unnest(c_{{.Name}}_id, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name) AS c(k, seq, stream_id, sname)
+                              LEFT JOIN unnest(v_got, v_tids) AS l(k, tid) ON l.k = c.k) g
+                     WHERE g.tid IS NOT NULL AND (g.stream_id = '' OR g.gap IS NULL OR g.seq < g.gap));
+            END IF;
+            IF cardinality(v_tids) > 0 THEN
+                -- Unsorted: the drivers order the rows by seq (cheaper there).
+                RETURN QUERY
+                UPDATE {{$.S}}.{{.Table}} t
+                   SET instance_id = p_instance_id, lease_expiry = v_exp,
+                       attempts = t.attempts + 1, claim_count = t.claim_count + 1
+                 WHERE t.ctid = ANY (v_tids)
+                RETURNING '{{.Name}}'::text, t.{{.Key}}, t.stream_id, t.partition_number, t.name, t.message_type,
+                          t.payload, t.metadata, t.attempts, t.seq, t.scheduled_for, t.created_at, t.lease_expiry,
+                          t.claim_count > 1;
+            END IF;
         END IF;
     END IF;
 {{end}}
