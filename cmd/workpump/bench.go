@@ -19,10 +19,12 @@ import (
 	"github.com/workpump/workpump"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/memdriver"
+	"github.com/workpump/workpump/workers"
 )
 
 type benchConfig struct {
 	n, instances, streams, concurrency int
+	batch, maxInFlight                 int
 	mode                               string
 	rate                               int
 	duration                           time.Duration
@@ -52,6 +54,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.instances, "instances", 1, "pump instances (in this process)")
 	fs.IntVar(&c.streams, "streams", 10000, "streams the items are spread over")
 	fs.IntVar(&c.concurrency, "concurrency", 16, "handler goroutines per instance")
+	fs.IntVar(&c.batch, "batch", workers.DefaultMaxStreamsPerBatch, "rows per category per claim (Claim.MaxStreamsPerBatch)")
+	fs.IntVar(&c.maxInFlight, "max-in-flight", 4000, "claimed, unfinished items per instance (MaxInFlight)")
 	fs.StringVar(&c.mode, "mode", "burndown", "burndown (drain N items) or continuous (enqueue at --rate, measure pickup latency)")
 	fs.IntVar(&c.rate, "rate", 1000, "continuous: items per second, one per transaction")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue")
@@ -75,6 +79,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--streams must be > 0")
 	case c.concurrency <= 0:
 		return usagef("--concurrency must be > 0")
+	case c.batch <= 0:
+		return usagef("--batch must be > 0")
+	case c.maxInFlight < c.concurrency:
+		return usagef("--max-in-flight must be >= --concurrency")
 	case c.rate <= 0:
 		return usagef("--rate must be > 0")
 	case c.duration <= 0:
@@ -133,7 +141,8 @@ func benchOptions(c benchConfig) workpump.Options {
 	return workpump.Options{
 		ServiceName: "bench",
 		Concurrency: c.concurrency,
-		MaxInFlight: 4000,
+		MaxInFlight: c.maxInFlight,
+		Claim:       workers.ClaimOptions{MaxStreamsPerBatch: c.batch},
 		Logger:      hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Error}),
 	}
 }
