@@ -45,10 +45,15 @@ type benchResult struct {
 	P50Ms              float64 `json:"p50_ms"`
 	P99Ms              float64 `json:"p99_ms"`
 	MaxMs              float64 `json:"max_ms,omitempty"`
+	// idle mode
+	HeartbeatsPerInstanceMinute float64          `json:"heartbeats_per_instance_minute,omitempty"`
+	Claims                      int64            `json:"claims,omitempty"`
+	OtherWrites                 int64            `json:"other_write_calls,omitempty"`
+	RowsWritten                 map[string]int64 `json:"rows_written,omitempty"`
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous] [--json]", stderr)
+	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--json]", stderr)
 	var c benchConfig
 	fs.IntVar(&c.n, "n", 200000, "burndown: items to drain")
 	fs.IntVar(&c.instances, "instances", 1, "pump instances (in this process)")
@@ -56,9 +61,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.concurrency, "concurrency", 16, "handler goroutines per instance")
 	fs.IntVar(&c.batch, "batch", workers.DefaultMaxStreamsPerBatch, "rows per category per claim (Claim.MaxStreamsPerBatch)")
 	fs.IntVar(&c.maxInFlight, "max-in-flight", 4000, "claimed, unfinished items per instance (MaxInFlight)")
-	fs.StringVar(&c.mode, "mode", "burndown", "burndown (drain N items) or continuous (enqueue at --rate, measure pickup latency)")
+	fs.StringVar(&c.mode, "mode", "burndown", "burndown (drain N items), continuous (enqueue at --rate, measure pickup latency) or idle (count what idle instances write for --duration)")
 	fs.IntVar(&c.rate, "rate", 1000, "continuous: items per second, one per transaction")
-	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue")
+	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue; idle: how long to idle")
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
@@ -69,8 +74,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	c.databaseURL = *db
 	switch {
-	case c.mode != "burndown" && c.mode != "continuous":
-		return usagef("--mode: %q, want burndown or continuous", c.mode)
+	case c.mode != "burndown" && c.mode != "continuous" && c.mode != "idle":
+		return usagef("--mode: %q, want burndown, continuous or idle", c.mode)
 	case c.n <= 0:
 		return usagef("-n must be > 0")
 	case c.instances <= 0:
@@ -100,10 +105,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer be.close()
 	var res benchResult
 	var err error
-	if c.mode == "burndown" {
+	switch c.mode {
+	case "burndown":
 		res, err = burndown(ctx, c, be, stdout)
-	} else {
+	case "continuous":
 		res, err = continuous(ctx, c, be, stdout)
+	default:
+		res, err = idle(ctx, c, be, stdout)
 	}
 	if err != nil {
 		return err

@@ -120,3 +120,25 @@ func (b *pgBenchBackend) close() {
 	}
 	b.pool.Close()
 }
+
+// tableWrites sums inserts, updates and deletes per table of the schema.
+func (b *pgBenchBackend) tableWrites(ctx context.Context) (map[string]int64, error) {
+	if _, err := b.pool.Exec(ctx, "SELECT pg_stat_clear_snapshot()"); err != nil {
+		return nil, err
+	}
+	rows, err := b.pool.Query(ctx, `SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables WHERE schemaname = $1`, b.schema)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var t string
+		var n int64
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, err
+		}
+		out[t] = n
+	}
+	return out, rows.Err()
+}
