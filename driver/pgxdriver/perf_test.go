@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/workpump/workpump/conformance"
 	"github.com/workpump/workpump/driver"
 )
@@ -93,38 +96,67 @@ func TestPerfReport(t *testing.T) {
 		t.Logf("%s, median per 1000-row batch: Enqueue %v, ClaimWork %v, Complete %v", shape, median(enq), median(claim), median(comp))
 	}
 
-	// Claim cost against backlog size: claim 1000 from a backlog of n.
-	for _, n := range []int{10_000, 100_000} {
+	// Claim cost against backlog size: claim 1000 from a backlog of n
+	// (WORKPUMP_PERF_BIG=1 adds 1 000 000, which takes a few minutes).
+	sizes := []int{10_000, 100_000}
+	if os.Getenv("WORKPUMP_PERF_BIG") == "1" {
+		sizes = append(sizes, 1_000_000)
+	}
+	for _, n := range sizes {
 		bc := newTestCoordinator(t, false, nil, 0)
 		bi := uuid.Must(uuid.NewV7())
 		register(t, bc, bi)
-		for i := 0; i < n; i += 5000 {
-			items := make([]driver.NewWork, 5000)
-			for j := range items {
-				items[j] = driver.NewWork{Category: driver.Inbox, StreamID: fmt.Sprintf("s-%d", (i+j)%(n/5)), Name: "perf"}
-			}
-			if _, err := bc.Enqueue(ctx, items); err != nil {
-				t.Fatal(err)
-			}
-		}
+		fill(t, bc, n, driver.Inbox, n/5)
 		breq := driver.ClaimRequest{InstanceID: bi, Lease: 5 * time.Minute, MaxPerCategory: 1000}
 		var ds []time.Duration
-		for range 5 {
+		for range 7 {
 			start := time.Now()
 			res, err := bc.ClaimWork(ctx, breq)
 			ds = append(ds, time.Since(start))
 			if err != nil || len(res.Work) != 1000 {
 				t.Fatalf("claim from backlog: %d rows, %v", len(res.Work), err)
 			}
-			refs := make([]driver.Ref, len(res.Work))
-			for i, w := range res.Work {
-				refs[i] = w.Ref()
-			}
-			if _, err := bc.Complete(ctx, bi, refs); err != nil {
-				t.Fatal(err)
-			}
+			completeAll(t, bc, bi, res.Work)
 		}
 		t.Logf("backlog %d inbox rows in %d streams: median ClaimWork of 1000 = %v", n, n/5, median(ds))
+		if n == sizes[len(sizes)-1] {
+			t.Logf("claim plan with a backlog of %d (auto_explain, nested statements):\n%s", n, claimPlan(t, bc, bi))
+			// Idle cost with the history: drain everything (inbox rows stay,
+			// processed), then time an empty claim against SELECT 1.
+			for {
+				res, err := bc.ClaimWork(ctx, driver.ClaimRequest{InstanceID: bi, Lease: 5 * time.Minute, MaxPerCategory: 5000})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(res.Work) == 0 {
+					break
+				}
+				completeAll(t, bc, bi, res.Work)
+			}
+			idleVsSelect1 := func(when string) {
+				sel1 := timeIt(2000, func() {
+					var one int
+					if err := bc.pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+						t.Fatal(err)
+					}
+				})
+				idle := timeIt(2000, func() {
+					res, err := bc.ClaimWork(ctx, breq)
+					if err != nil || len(res.Work) != 0 {
+						t.Fatalf("idle claim: %d rows, %v", len(res.Work), err)
+					}
+				})
+				t.Logf("%d processed inbox rows kept, %s: median SELECT 1 %v, idle ClaimWork %v (ratio %.2f)", n, when, sel1, idle, float64(idle)/float64(sel1))
+			}
+			// Right after the drain the claim's index probes step over the
+			// drained rows' dead index entries until (auto)vacuum removes
+			// them; then the probes are a few page reads again.
+			idleVsSelect1("right after the drain")
+			if _, err := bc.pool.Exec(ctx, "VACUUM "+pgx.Identifier{bc.opts.Schema, "wp_inbox"}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+			idleVsSelect1("after VACUUM")
+		}
 	}
 
 	// Burn-down: two instances drain a streamless backlog with claim+complete.
@@ -193,4 +225,75 @@ func register(t testing.TB, c *Coordinator, id uuid.UUID) {
 // BenchmarkConformance runs the shared driver benchmarks.
 func BenchmarkConformance(b *testing.B) {
 	conformance.RunBenchmarks(b, harness{})
+}
+
+// fill enqueues n rows of category c over the given number of streams.
+func fill(t *testing.T, c *Coordinator, n int, cat driver.Category, streams int) {
+	t.Helper()
+	for i := 0; i < n; i += 5000 {
+		items := make([]driver.NewWork, min(5000, n-i))
+		for j := range items {
+			items[j] = driver.NewWork{Category: cat, StreamID: fmt.Sprintf("s-%d", (i+j)%streams), Name: "perf"}
+		}
+		if _, err := c.Enqueue(context.Background(), items); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func completeAll(t *testing.T, c *Coordinator, inst uuid.UUID, work []driver.Work) {
+	t.Helper()
+	refs := make([]driver.Ref, len(work))
+	for i, w := range work {
+		refs[i] = w.Ref()
+	}
+	if ack, err := c.Complete(context.Background(), inst, refs); err != nil || ack.Applied != len(refs) {
+		t.Fatalf("complete: %+v, %v", ack, err)
+	}
+}
+
+// claimPlan runs one claim of 1000 rows on a connection with auto_explain
+// reporting every nested statement's plan (ANALYZE, BUFFERS) as a notice,
+// and returns the plans of the candidate query and the row update. The
+// claim is rolled back.
+func claimPlan(t *testing.T, c *Coordinator, inst uuid.UUID) string {
+	t.Helper()
+	ctx := context.Background()
+	cfg := c.pool.Config().ConnConfig.Copy()
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0", "SET auto_explain.log_nested_statements = on",
+		"SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on", "SET auto_explain.log_level = notice"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Skipf("auto_explain unavailable (%v): no plan", err)
+		}
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	rows, err := tx.Query(ctx, c.sql.claim, inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(1000), c.nowArg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, n := range notices {
+		if strings.Contains(n, "array_agg(w.k") || strings.Contains(n, "UPDATE ") {
+			out = append(out, n)
+		}
+	}
+	if len(out) == 0 {
+		return fmt.Sprintf("(no candidate/update plan among %d notices)", len(notices))
+	}
+	return strings.Join(out, "\n")
 }
