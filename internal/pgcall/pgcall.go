@@ -14,9 +14,9 @@ package pgcall
 
 import (
 	"cmp"
-	"slices"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
