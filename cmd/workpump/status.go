@@ -29,7 +29,12 @@ type statusInstance struct {
 	PID                 int            `json:"pid"`
 	LastHeartbeatAgeSec float64        `json:"last_heartbeat_age_seconds"`
 	AliveLockHeld       bool           `json:"alive_lock_held"`
-	Leases              map[string]int `json:"leases"`
+	// ReportedAliveLock is what the instance's last heartbeat vouched for;
+	// LockMissingSecs is how long a sweep has seen that lock missing (absent
+	// when it has not): past LockLostAfter, peers evict the instance.
+	ReportedAliveLock bool           `json:"reported_alive_lock"`
+	LockMissingSecs   *float64       `json:"lock_missing_seconds,omitempty"`
+	Leases            map[string]int `json:"leases"`
 }
 
 type statusBacklog struct {
@@ -83,11 +88,16 @@ func buildStatus(schema string, st driver.Stats) statusReport {
 		for c, n := range st.LeasesByInstance[in.ID] {
 			leases[string(c)] = n
 		}
-		rep.Instances = append(rep.Instances, statusInstance{
+		si := statusInstance{
 			ID: in.ID.String(), Service: in.ServiceName, Host: in.Host, PID: in.PID,
 			LastHeartbeatAgeSec: st.Now.Sub(in.LastHeartbeatAt).Seconds(),
-			AliveLockHeld:       in.AliveLockHeld, Leases: leases,
-		})
+			AliveLockHeld:       in.AliveLockHeld, ReportedAliveLock: in.ReportedAliveLock, Leases: leases,
+		}
+		if !in.LockMissingSince.IsZero() {
+			d := st.Now.Sub(in.LockMissingSince).Seconds()
+			si.LockMissingSecs = &d
+		}
+		rep.Instances = append(rep.Instances, si)
 	}
 	for _, c := range driver.Categories {
 		cs := st.Categories[c]
@@ -106,6 +116,12 @@ func printStatus(w io.Writer, rep statusReport) {
 		lock := "no"
 		if in.AliveLockHeld {
 			lock = "held"
+		}
+		switch {
+		case in.LockMissingSecs != nil:
+			lock += fmt.Sprintf(" (reported held; missing for %.1fs)", *in.LockMissingSecs)
+		case in.ReportedAliveLock && !in.AliveLockHeld:
+			lock += " (reported held)"
 		}
 		cats := make([]string, 0, len(in.Leases))
 		for c := range in.Leases {

@@ -159,6 +159,34 @@ func TestPerfReport(t *testing.T) {
 		}
 	}
 
+	// Single-item enqueue transactions from 16 goroutines, without and with
+	// a registered instance (with one, every enqueue NOTIFYs it, and
+	// Postgres serializes notifying commits, each through its WAL flush).
+	for _, notify := range []bool{false, true} {
+		nc := newTestCoordinator(t, false, nil, 0)
+		if notify {
+			register(t, nc, uuid.Must(uuid.NewV7()))
+		}
+		var n atomic.Int64
+		var wg sync.WaitGroup
+		stop := time.Now().Add(3 * time.Second)
+		for g := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; time.Now().Before(stop); i++ {
+					if _, err := nc.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: fmt.Sprintf("g%d-%d", g, i), Name: "perf"}}); err != nil {
+						t.Error(err)
+						return
+					}
+					n.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("16 goroutines of single-item enqueue transactions, NOTIFY %v: %d tx/s", notify, n.Load()/3)
+	}
+
 	// Burn-down: two instances drain a streamless backlog with claim+complete.
 	const total = 100_000
 	bc := newTestCoordinator(t, false, nil, 0)
