@@ -23,12 +23,12 @@ type statusReport struct {
 }
 
 type statusInstance struct {
-	ID                  string         `json:"id"`
-	Service             string         `json:"service"`
-	Host                string         `json:"host"`
-	PID                 int            `json:"pid"`
-	LastHeartbeatAgeSec float64        `json:"last_heartbeat_age_seconds"`
-	AliveLockHeld       bool           `json:"alive_lock_held"`
+	ID                  string  `json:"id"`
+	Service             string  `json:"service"`
+	Host                string  `json:"host"`
+	PID                 int     `json:"pid"`
+	LastHeartbeatAgeSec float64 `json:"last_heartbeat_age_seconds"`
+	AliveLockHeld       bool    `json:"alive_lock_held"`
 	// ReportedAliveLock is what the instance's last heartbeat vouched for;
 	// LockMissingSecs is how long a sweep has seen that lock missing (absent
 	// when it has not): past LockLostAfter, peers evict the instance.
