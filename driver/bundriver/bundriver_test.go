@@ -349,6 +349,12 @@ func TestCompleteTxAndDelivery(t *testing.T) {
 	if ack, err := c.CompleteTx(ctx, tx, id, []driver.Ref{out.Ref()}); err != nil || ack.Applied != 1 {
 		t.Fatalf("CompleteTx: %v %+v", err, ack)
 	}
+	// The caller's transaction keeps its commit mode (the pump's own acks
+	// commit asynchronously).
+	var mode string
+	if err := tx.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&mode); err != nil || mode != "on" {
+		t.Fatalf("synchronous_commit in the caller's transaction after CompleteTx = %q, %v; want on", mode, err)
+	}
 	_ = tx.Rollback()
 	if ws, ok, _ := c.GetWork(ctx, driver.Outbox, out.ID); !ok || ws.InstanceID != id {
 		t.Fatalf("after rollback: present=%v owner=%v, want still leased to the caller", ok, ws.InstanceID)

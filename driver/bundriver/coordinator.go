@@ -55,21 +55,27 @@ var (
 // the client, so each call is one simple-protocol round trip).
 type statements struct {
 	enqueue, claim, renew, complete, fail, release  string
+	completeInTx                                    string // complete through a caller's bun.IDB
 	heartbeat, cleanup, deregister, purge           string
 	getWork, listInstances, listDead, streamOwner   string
 	stats, statsLeases, deadCount, version, tryLock string
 	unlock                                          string
 }
 
-func newStatements(schema string) statements {
+func newStatements(schema string, syncAcks bool) statements {
 	q := pgcall.Question
+	ack := pgcall.Call.AsyncCommitSQL
+	if syncAcks {
+		ack = pgcall.Call.SQL
+	}
 	return statements{
+		completeInTx:  pgcall.Complete.SQL(schema, q),
 		enqueue:       pgcall.Enqueue.SQL(schema, q),
 		claim:         pgcall.Claim.SQL(schema, q),
-		renew:         pgcall.Renew.SQL(schema, q),
-		complete:      pgcall.Complete.SQL(schema, q),
-		fail:          pgcall.Fail.SQL(schema, q),
-		release:       pgcall.Release.SQL(schema, q),
+		renew:         ack(pgcall.Renew, schema, q),
+		complete:      ack(pgcall.Complete, schema, q),
+		fail:          ack(pgcall.Fail, schema, q),
+		release:       ack(pgcall.Release, schema, q),
 		heartbeat:     pgcall.Heartbeat.SQL(schema, q),
 		cleanup:       pgcall.Cleanup.SQL(schema, q),
 		deregister:    pgcall.Deregister.SQL(schema, q),
@@ -104,7 +110,7 @@ func New(db bun.IDB, opts Options) (*Coordinator, error) {
 		db:   db,
 		opts: o,
 		log:  o.Logger.Named("bundriver"),
-		sql:  newStatements(o.Schema),
+		sql:  newStatements(o.Schema, o.SynchronousAcks),
 
 		lmode: ListenerUndecided,
 	}
@@ -321,7 +327,7 @@ func (c *Coordinator) applied(ctx context.Context, db bun.IDB, op, query string,
 // Complete completes handed-out attempts still leased to instanceID (fenced
 // by Ref): rows are deleted, inbox rows kept as processed.
 func (c *Coordinator) Complete(ctx context.Context, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
-	return c.complete(ctx, c.db, instanceID, refs)
+	return c.complete(ctx, c.db, c.sql.complete, instanceID, refs)
 }
 
 // CompleteTx completes refs through db, normally the application's own
@@ -332,7 +338,7 @@ func (c *Coordinator) CompleteTx(ctx context.Context, db bun.IDB, instanceID uui
 	if isNil(db) {
 		return driver.AckResult{}, fmt.Errorf("%w: db: nil", driver.ErrInvalidArgument)
 	}
-	return c.complete(ctx, db, instanceID, refs)
+	return c.complete(ctx, db, c.sql.completeInTx, instanceID, refs)
 }
 
 // CompleteDeliveryTx completes the work item of the pump handler whose
@@ -357,7 +363,7 @@ func (c *Coordinator) CompleteDeliveryTx(ctx context.Context, db bun.IDB) error 
 	return nil
 }
 
-func (c *Coordinator) complete(ctx context.Context, db bun.IDB, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
+func (c *Coordinator) complete(ctx context.Context, db bun.IDB, text string, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
 	if err := ctx.Err(); err != nil {
 		return driver.AckResult{}, err
 	}
@@ -368,7 +374,7 @@ func (c *Coordinator) complete(ctx context.Context, db bun.IDB, instanceID uuid.
 		return driver.AckResult{}, err
 	}
 	a := pgcall.NewRefArgs(refs)
-	set, err := c.applied(ctx, db, "Complete", c.sql.complete, false, instanceID.String(),
+	set, err := c.applied(ctx, db, "Complete", text, false, instanceID.String(),
 		pgdialect.Array(a.Categories), pgdialect.Array(a.IDs), pgdialect.Array(a.Attempts), c.nowArg())
 	if err != nil {
 		return driver.AckResult{}, err

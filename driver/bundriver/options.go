@@ -22,6 +22,16 @@ type Options struct {
 	// Now replaces the database clock. Tests only; nil means now() on the
 	// server.
 	Now func() time.Time
+	// SynchronousAcks makes Complete, Fail, Release and RenewLeases wait for
+	// their commit's WAL flush. By default they commit with
+	// synchronous_commit = off for their own transaction (never inside a
+	// caller's: CompleteTx keeps the caller's setting): a database crash can
+	// lose the last fraction of a second of acknowledgements, whose rows are
+	// then delivered again (at-least-once), and order still holds because
+	// claims commit synchronously, which flushes every earlier ack. Async
+	// acks keep the pump's bookkeeping off the WAL-flush queue that the
+	// application's own commits wait in.
+	SynchronousAcks bool
 	// Logger receives listener and schema diagnostics; nil discards them.
 	Logger hclog.Logger
 

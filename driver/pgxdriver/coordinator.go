@@ -48,21 +48,27 @@ var (
 // extended and the simple protocol.
 type statements struct {
 	enqueue, claim, renew, complete, fail, release            string
+	completeInTx                                              string // complete inside a caller's transaction
 	heartbeat, cleanup, deregister, purge                     string
 	getWork, listInstances, listDead, streamOwner             string
 	stats, statsLeases, deadCount, version, aliveKey, tryLock string
 	unlock                                                    string
 }
 
-func newStatements(schema string) statements {
+func newStatements(schema string, syncAcks bool) statements {
 	s, d := `"`+schema+`"`, pgcall.Dollar
+	ack := pgcall.Call.AsyncCommitSQL
+	if syncAcks {
+		ack = pgcall.Call.SQL
+	}
 	return statements{
+		completeInTx:  pgcall.Complete.SQL(schema, d),
 		enqueue:       pgcall.Enqueue.SQL(schema, d),
 		claim:         pgcall.Claim.SQL(schema, d),
-		renew:         pgcall.Renew.SQL(schema, d),
-		complete:      pgcall.Complete.SQL(schema, d),
-		fail:          pgcall.Fail.SQL(schema, d),
-		release:       pgcall.Release.SQL(schema, d),
+		renew:         ack(pgcall.Renew, schema, d),
+		complete:      ack(pgcall.Complete, schema, d),
+		fail:          ack(pgcall.Fail, schema, d),
+		release:       ack(pgcall.Release, schema, d),
 		heartbeat:     pgcall.Heartbeat.SQL(schema, d),
 		cleanup:       pgcall.Cleanup.SQL(schema, d),
 		deregister:    pgcall.Deregister.SQL(schema, d),
@@ -95,7 +101,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Coordinator, error) {
 		pool: pool,
 		opts: o,
 		log:  o.Logger.Named("pgxdriver"),
-		sql:  newStatements(o.Schema),
+		sql:  newStatements(o.Schema, o.SynchronousAcks),
 		subs: make(map[uuid.UUID][]*subscription),
 	}
 	switch {
@@ -500,8 +506,12 @@ func (c *Coordinator) complete(ctx context.Context, q querier, instanceID uuid.U
 	if err := driver.ValidateRefs(refs); err != nil {
 		return driver.AckResult{}, err
 	}
+	text := c.sql.completeInTx
+	if q == querier(c.pool) {
+		text = c.sql.complete
+	}
 	a := newRefArgs(q, refs)
-	rows, err := q.Query(ctx, c.sql.complete, instanceID, a.cats, a.ids, a.atts, c.nowArg())
+	rows, err := q.Query(ctx, text, instanceID, a.cats, a.ids, a.atts, c.nowArg())
 	if err != nil {
 		return driver.AckResult{}, c.sqlErr("Complete", err)
 	}

@@ -715,6 +715,12 @@ func TestCompleteTx(t *testing.T) {
 	if err != nil || res.Applied != 1 {
 		t.Fatalf("CompleteTx = %+v, %v", res, err)
 	}
+	// Acks in the pump's own transactions commit asynchronously; one in
+	// the caller's transaction must leave its commit mode alone.
+	var mode string
+	if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&mode); err != nil || mode != "on" {
+		t.Fatalf("synchronous_commit in the caller's transaction after CompleteTx = %q, %v; want on", mode, err)
+	}
 	if _, ok, _ := c.GetWork(ctx, driver.Outbox, ws[0].ID); !ok {
 		t.Fatal("uncommitted completion visible outside the transaction")
 	}
@@ -803,5 +809,29 @@ func TestMigrateHelper(t *testing.T) {
 	}
 	if _, err := Migrate(ctx, pgtest.Pool(t), "bad-name"); !errors.Is(err, migrations.ErrInvalidSchema) {
 		t.Fatalf("Migrate(bad-name) = %v", err)
+	}
+}
+
+// TestAcksCommitAsynchronouslyUnlessAsked: the pump's own acknowledgement
+// calls carry the transaction-local synchronous_commit = off, the claim and
+// the in-transaction completion do not, and SynchronousAcks turns it off.
+func TestAcksCommitAsynchronouslyUnlessAsked(t *testing.T) {
+	const async = "set_config('synchronous_commit', 'off', true)"
+	st := newStatements("s", false)
+	for name, text := range map[string]string{"complete": st.complete, "fail": st.fail, "release": st.release, "renew": st.renew} {
+		if !strings.Contains(text, async) {
+			t.Errorf("%s = %s, want an async commit", name, text)
+		}
+	}
+	for name, text := range map[string]string{"claim": st.claim, "completeInTx": st.completeInTx, "enqueue": st.enqueue, "heartbeat": st.heartbeat} {
+		if strings.Contains(text, "synchronous_commit") {
+			t.Errorf("%s = %s, want the caller's commit mode", name, text)
+		}
+	}
+	sync := newStatements("s", true)
+	for name, text := range map[string]string{"complete": sync.complete, "fail": sync.fail, "release": sync.release, "renew": sync.renew} {
+		if strings.Contains(text, "synchronous_commit") {
+			t.Errorf("SynchronousAcks: %s = %s, want a plain call", name, text)
+		}
 	}
 }

@@ -88,6 +88,21 @@ func (c Call) SQL(schema string, ph Placeholder) string {
 	return b.String()
 }
 
+// AsyncCommitSQL renders a set-returning c like SQL, with the statement's
+// transaction set to commit without waiting for its WAL flush
+// (synchronous_commit = off, transaction-local). The drivers use it for the
+// acknowledgements they send in a transaction of their own (Complete, Fail,
+// Release, RenewLeases), never inside a caller's transaction. A database
+// crash can lose the last such commits (well under a second of them); the
+// rows are then delivered again, which at-least-once delivery allows, and
+// stream order still holds: claims commit synchronously, and a claim's WAL
+// flush makes every earlier acknowledgement durable, so no row runs after
+// a later row of its stream was claimed on a completion that was lost.
+func (c Call) AsyncCommitSQL(schema string, ph Placeholder) string {
+	return "SELECT f.* FROM set_config('synchronous_commit', 'off', true) AS sc, " +
+		strings.TrimPrefix(c.SQL(schema, ph), "SELECT * FROM ") + " AS f"
+}
+
 // DeadCountSQL counts the dead letters of schema.
 func DeadCountSQL(schema string) string {
 	return `SELECT count(*) FROM "` + schema + `".wp_dead_letters`

@@ -13,6 +13,15 @@ import (
 	"github.com/workpump/workpump/migrations"
 )
 
+// TestAsyncCommitSQL: the async form wraps the same call and turns
+// synchronous_commit off for its own transaction only (is_local = true).
+func TestAsyncCommitSQL(t *testing.T) {
+	want := `SELECT f.* FROM set_config('synchronous_commit', 'off', true) AS sc, "s".wp_complete($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz) AS f`
+	if got := Complete.AsyncCommitSQL("s", Dollar); got != want {
+		t.Fatalf("\n got %s\nwant %s", got, want)
+	}
+}
+
 func TestCallSQL(t *testing.T) {
 	for _, tc := range []struct {
 		c    Call
