@@ -140,6 +140,8 @@ DECLARE
     v_total   integer := 0;
     v_c       integer;
     v_streams text[];
+    v_locked  text[];
+    v_missing text[];
     v_live    uuid[];
     w_cat     text[] := '{}';
     w_stream  text[] := '{}';
@@ -163,15 +165,26 @@ BEGIN
 
     -- Serialize with other enqueues and claims of the same streams until
     -- the caller commits (sorted, so one call cannot deadlock itself).
+    -- Existing lock rows are locked first (the common case: one
+    -- statement); missing ones are created, then locked too (a row another
+    -- enqueue created meanwhile conflicts, and is locked after its commit).
     v_streams := ARRAY(SELECT DISTINCT s COLLATE "C" FROM unnest(p_streams) s WHERE s <> '' ORDER BY 1);
     IF cardinality(v_streams) > 0 THEN
-        INSERT INTO {{.S}}.wp_stream_locks (stream_id)
-        SELECT s FROM unnest(v_streams) s ORDER BY s COLLATE "C"
-        ON CONFLICT (stream_id) DO NOTHING;
-        PERFORM 1 FROM {{.S}}.wp_stream_locks l
-          WHERE l.stream_id = ANY (v_streams)
-          ORDER BY l.stream_id
-            FOR NO KEY UPDATE;
+        v_locked := ARRAY(SELECT l.stream_id FROM {{.S}}.wp_stream_locks l
+                           WHERE l.stream_id = ANY (v_streams)
+                           ORDER BY l.stream_id
+                             FOR NO KEY UPDATE);
+        IF cardinality(v_locked) < cardinality(v_streams) THEN
+            v_missing := ARRAY(SELECT s FROM unnest(v_streams) s
+                                WHERE s NOT IN (SELECT unnest(v_locked)) ORDER BY s COLLATE "C");
+            INSERT INTO {{.S}}.wp_stream_locks (stream_id)
+            SELECT s FROM unnest(v_missing) s ORDER BY s COLLATE "C"
+            ON CONFLICT (stream_id) DO NOTHING;
+            PERFORM 1 FROM {{.S}}.wp_stream_locks l
+              WHERE l.stream_id = ANY (v_missing)
+              ORDER BY l.stream_id
+                FOR NO KEY UPDATE;
+        END IF;
     END IF;
 {{range .Cats}}
     IF '{{.Name}}' = ANY (p_categories) THEN
