@@ -128,6 +128,7 @@ type tmplData struct {
 	ChanLit string // channel prefix as a string literal
 	CatList string // 'outbox', 'inbox', ...
 	Cats    []category
+	Dedupe  []bool // false, true: wp_enqueue's two insert forms
 }
 
 // ChannelPrefix returns the prefix of the LISTEN/NOTIFY channels of schema:
@@ -221,6 +222,7 @@ func Render(schema string) ([]Migration, error) {
 		ChanLit: "'" + ChannelPrefix(schema) + "'",
 		CatList: strings.Join(names, ", "),
 		Cats:    categories,
+		Dedupe:  []bool{false, true},
 	}
 	var out []Migration
 	for _, s := range sources() {

@@ -249,41 +249,16 @@ func (c *Coordinator) enqueue(ctx context.Context, q querier, items []driver.New
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := driver.ValidateNewWork(items); err != nil {
-		return nil, err
-	}
-	n := len(items)
-	ids := make([]uuid.UUID, n)
-	cats := make([]string, n)
-	streams := make([]string, n)
-	parts := make([]int32, n)
-	names := make([]string, n)
-	types := make([]string, n)
-	payloads := make([][]byte, n)
-	metas := make([]string, n)
-	sched := make([]pgtype.Timestamptz, n)
-	for i, it := range items {
-		id := it.ID
-		if id == uuid.Nil {
-			var err error
-			if id, err = uuid.NewV7(); err != nil {
-				return nil, fmt.Errorf("pgxdriver: assign id to items[%d]: %w", i, err)
-			}
+	ids, a, err := pgcall.BuildEnqueue(items, c.opts.PartitionCount)
+	if err != nil {
+		if errors.Is(err, driver.ErrInvalidArgument) {
+			return nil, err
 		}
-		ids[i] = id
-		cats[i] = string(it.Category)
-		streams[i] = it.StreamID
-		parts[i] = int32(driver.PartitionOf(driver.PartitionKey(it.StreamID, id), c.opts.PartitionCount))
-		names[i] = it.Name
-		types[i] = it.MessageType
-		payloads[i] = it.Payload
-		metas[i] = string(it.Metadata)
-		if !it.ScheduledFor.IsZero() {
-			sched[i] = pgtype.Timestamptz{Time: it.ScheduledFor.UTC(), Valid: true}
-		}
+		return nil, fmt.Errorf("pgxdriver: %w", err)
 	}
 	var inserted int
-	if err := q.QueryRow(ctx, c.sql.enqueue, cats, uuidArray(q, ids), streams, parts, names, types, payloads, metas, sched, c.nowArg()).Scan(&inserted); err != nil {
+	if err := q.QueryRow(ctx, c.sql.enqueue, a.Categories, uuidArray(q, ids), a.Streams, a.Partitions, a.Names, a.Types,
+		a.Payloads, a.Metadata, a.ScheduledFor, c.nowArg(), a.NewIDs).Scan(&inserted); err != nil {
 		return nil, c.sqlErr("Enqueue", err)
 	}
 	return ids, nil

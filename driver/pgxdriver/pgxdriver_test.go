@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/internal/pgtest"
@@ -833,5 +834,36 @@ func TestAcksCommitAsynchronouslyUnlessAsked(t *testing.T) {
 		if strings.Contains(text, "synchronous_commit") {
 			t.Errorf("SynchronousAcks: %s = %s, want a plain call", name, text)
 		}
+	}
+}
+
+// TestEnqueueNewIDsSkipsOnlyTheDuplicateCheck: with p_new_ids (every id
+// generated for the call) wp_enqueue inserts without its duplicate check, so
+// an id that did collide fails the whole call (unique violation, nothing
+// stored) instead of being dropped; without it the duplicate is skipped.
+func TestEnqueueNewIDsSkipsOnlyTheDuplicateCheck(t *testing.T) {
+	c := newTestCoordinator(t, false, nil, 0)
+	ctx := context.Background()
+	dup := uuid.Must(uuid.NewV7())
+	if _, err := c.Enqueue(ctx, []driver.NewWork{{ID: dup, Category: driver.Inbox, StreamID: "s"}}); err != nil {
+		t.Fatal(err)
+	}
+	fresh := uuid.Must(uuid.NewV7())
+	call := func(newIDs bool) (int, error) {
+		var n int
+		err := c.pool.QueryRow(ctx, c.sql.enqueue, []string{"inbox", "inbox"}, []string{fresh.String(), dup.String()},
+			[]string{"s", "s"}, []int32{1, 1}, []string{"", ""}, []string{"", ""}, [][]byte{nil, nil}, []string{"", ""},
+			[]*time.Time{nil, nil}, c.nowArg(), newIDs).Scan(&n)
+		return n, err
+	}
+	var pe *pgconn.PgError
+	if _, err := call(true); !errors.As(err, &pe) || pe.Code != "23505" {
+		t.Fatalf("p_new_ids with a stored id: %v, want a unique violation", err)
+	}
+	if _, ok, _ := c.GetWork(ctx, driver.Inbox, fresh); ok {
+		t.Fatal("the failed call stored its other row")
+	}
+	if n, err := call(false); err != nil || n != 1 {
+		t.Fatalf("without p_new_ids: inserted %d, %v; want 1 (the duplicate skipped)", n, err)
 	}
 }

@@ -50,7 +50,7 @@ type Call struct {
 // follows the original parameters; parameters added later follow p_now
 // (with defaults in SQL, so older call texts keep working).
 var (
-	Enqueue        = Call{"wp_enqueue", []string{"text[]", "uuid[]", "text[]", "integer[]", "text[]", "text[]", "bytea[]", "text[]", "timestamptz[]", "timestamptz"}, false}
+	Enqueue        = Call{"wp_enqueue", []string{"text[]", "uuid[]", "text[]", "integer[]", "text[]", "text[]", "bytea[]", "text[]", "timestamptz[]", "timestamptz", "boolean"}, false}
 	Claim          = Call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz"}, true}
 	Renew          = Call{"wp_renew_leases", []string{"uuid", "text", "uuid[]", "bigint", "timestamptz"}, true}
 	Complete       = Call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
@@ -136,6 +136,9 @@ type EnqueueArgs struct {
 	Payloads     [][]byte
 	Metadata     []string
 	ScheduledFor []*time.Time
+	// NewIDs is true when every id was generated here (no item carried
+	// one): wp_enqueue then skips its duplicate check.
+	NewIDs bool
 }
 
 // BuildEnqueue validates items (driver.ValidateNewWork), assigns UUIDv7 ids
@@ -151,10 +154,13 @@ func BuildEnqueue(items []driver.NewWork, partitionCount int) ([]uuid.UUID, Enqu
 		Categories: make([]string, n), IDs: make([]string, n), Streams: make([]string, n),
 		Partitions: make([]int32, n), Names: make([]string, n), Types: make([]string, n),
 		Payloads: make([][]byte, n), Metadata: make([]string, n), ScheduledFor: make([]*time.Time, n),
+		NewIDs: true,
 	}
 	for i, it := range items {
 		id := it.ID
-		if id == uuid.Nil {
+		if id != uuid.Nil {
+			a.NewIDs = false
+		} else {
 			var err error
 			if id, err = uuid.NewV7(); err != nil {
 				return nil, EnqueueArgs{}, fmt.Errorf("assign id to items[%d]: %w", i, err)

@@ -58,6 +58,12 @@ func TestBuildEnqueue(t *testing.T) {
 	if a.ScheduledFor[0] == nil || !a.ScheduledFor[0].Equal(at) || a.ScheduledFor[0].Location() != time.UTC || a.ScheduledFor[1] != nil {
 		t.Fatalf("scheduled %v", a.ScheduledFor)
 	}
+	if a.NewIDs {
+		t.Fatal("NewIDs with a caller-chosen id in the batch; want the duplicate check kept")
+	}
+	if _, b, err := BuildEnqueue([]driver.NewWork{{Category: driver.Outbox}, {Category: driver.Inbox}}, 16); err != nil || !b.NewIDs {
+		t.Fatalf("all ids generated: NewIDs = %v, %v; want true", b.NewIDs, err)
+	}
 	if a.Payloads[1] != nil || a.Metadata[0] != `{"k":1}` || a.IDs[0] != id.String() || a.Categories[1] != "outbox" {
 		t.Fatalf("args %+v", a)
 	}

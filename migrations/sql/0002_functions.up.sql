@@ -111,7 +111,10 @@ $fn$;
 -- wp_enqueue stores new work (parallel arrays, one element per item) and
 -- returns the number of rows inserted. An id already present in its table is
 -- skipped (ON CONFLICT DO NOTHING): inbox rows stay after processing, so a
--- redelivered inbox message is deduplicated. Partitions are computed by the
+-- redelivered inbox message is deduplicated; p_new_ids = true says every id
+-- was generated for this call (so none can be present) and skips that check
+-- (a plain insert; a generated id that did collide fails the call with a
+-- unique violation instead of being dropped). Partitions are computed by the
 -- caller (driver.PartitionOf). The stream lock rows of the items stay locked
 -- until the caller's transaction ends, so enqueues of one stream commit in
 -- seq order and no claim takes the stream meanwhile. Each due item NOTIFYs
@@ -127,7 +130,8 @@ CREATE FUNCTION {{.S}}.wp_enqueue(
     p_payloads      bytea[],
     p_metadata      text[],
     p_scheduled_for timestamptz[],
-    p_now           timestamptz DEFAULT NULL)
+    p_now           timestamptz DEFAULT NULL,
+    p_new_ids       boolean DEFAULT false)
 RETURNS integer
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -186,27 +190,34 @@ BEGIN
                 FOR NO KEY UPDATE;
         END IF;
     END IF;
-{{range .Cats}}
-    IF '{{.Name}}' = ANY (p_categories) THEN
-        WITH ins AS (
-            INSERT INTO {{$.S}}.{{.Table}} AS t
-                ({{.Key}}, stream_id, partition_number, name, message_type, payload, metadata, scheduled_for, created_at)
-            SELECT u.id, u.stream_id, u.part, u.name, u.mtype, u.payload, COALESCE(NULLIF(u.meta, ''), '{}')::json,
-                   date_trunc('microseconds', u.sched), v_now
-              FROM unnest(p_categories, p_ids, p_streams, p_partitions, p_names, p_types, p_payloads, p_metadata, p_scheduled_for)
-                   WITH ORDINALITY AS u(cat, id, stream_id, part, name, mtype, payload, meta, sched, ord)
-             WHERE u.cat = '{{.Name}}'
-             ORDER BY u.ord
-            ON CONFLICT ({{.Key}}) DO NOTHING
-            RETURNING t.stream_id, t.partition_number, t.scheduled_for)
-        SELECT count(*)::integer,
-               array_agg(ins.stream_id) FILTER (WHERE ins.scheduled_for IS NULL OR ins.scheduled_for <= v_now),
-               array_agg(ins.partition_number) FILTER (WHERE ins.scheduled_for IS NULL OR ins.scheduled_for <= v_now)
-          INTO v_c, x_stream, x_part
-          FROM ins;
+{{range $c := .Cats}}
+    IF '{{$c.Name}}' = ANY (p_categories) THEN
+{{- range $dedupe := $.Dedupe}}
+        -- {{if $dedupe}}Ids may repeat stored ones (the caller chose them): skip those.{{else}}Every id is new (generated for this call): a plain insert, a third cheaper.{{end}}
+        IF {{if $dedupe}}NOT {{end}}COALESCE(p_new_ids, false) THEN
+            WITH ins AS (
+                INSERT INTO {{$.S}}.{{$c.Table}} AS t
+                    ({{$c.Key}}, stream_id, partition_number, name, message_type, payload, metadata, scheduled_for, created_at)
+                SELECT u.id, u.stream_id, u.part, u.name, u.mtype, u.payload, COALESCE(NULLIF(u.meta, ''), '{}')::json,
+                       date_trunc('microseconds', u.sched), v_now
+                  FROM unnest(p_categories, p_ids, p_streams, p_partitions, p_names, p_types, p_payloads, p_metadata, p_scheduled_for)
+                       WITH ORDINALITY AS u(cat, id, stream_id, part, name, mtype, payload, meta, sched, ord)
+                 WHERE u.cat = '{{$c.Name}}'
+                 ORDER BY u.ord
+{{- if $dedupe}}
+                ON CONFLICT ({{$c.Key}}) DO NOTHING
+{{- end}}
+                RETURNING t.stream_id, t.partition_number, t.scheduled_for)
+            SELECT count(*)::integer,
+                   array_agg(ins.stream_id) FILTER (WHERE ins.scheduled_for IS NULL OR ins.scheduled_for <= v_now),
+                   array_agg(ins.partition_number) FILTER (WHERE ins.scheduled_for IS NULL OR ins.scheduled_for <= v_now)
+              INTO v_c, x_stream, x_part
+              FROM ins;
+        END IF;
+{{- end}}
         v_total := v_total + v_c;
         IF x_stream IS NOT NULL THEN
-            w_cat := w_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_stream)]);
+            w_cat := w_cat || array_fill('{{$c.Name}}'::text, ARRAY[cardinality(x_stream)]);
             w_stream := w_stream || x_stream;
             w_part := w_part || x_part;
         END IF;
