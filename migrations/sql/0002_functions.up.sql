@@ -395,7 +395,8 @@ BEGIN
               ) u
              WHERE CASE WHEN u.stream_id = '' THEN u.partition_number % v_live = v_rank
                    ELSE CASE WHEN u.partition_number % v_live = v_rank
-                             THEN NOT EXISTS (
+                             -- (alone, the caller is the only live owner there is)
+                             THEN v_live = 1 OR NOT EXISTS (
                                     SELECT 1 FROM {{$.S}}.wp_active_streams a
                                      WHERE a.stream_id = u.stream_id AND a.lease_expiry >= v_now
                                        AND a.assigned_instance_id <> p_instance_id
