@@ -73,7 +73,9 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"migrate", "up", "--database-url", "postgres://x", "--schema", strings.Repeat("s", 64)}, "--schema:"},
 		{[]string{"status"}, "--database-url is required"},
 		{[]string{"status", "--database-url", "postgres://x", "--schema", `x"y`}, "--schema:"},
-		{[]string{"bench", "--mode", "sprint"}, `--mode: "sprint", want burndown or continuous`},
+		{[]string{"bench", "--mode", "sprint"}, `--mode: "sprint", want burndown, continuous or idle`},
+		{[]string{"bench", "--batch", "0"}, "--batch must be > 0"},
+		{[]string{"bench", "--max-in-flight", "8"}, "--max-in-flight must be >= --concurrency"},
 		{[]string{"bench", "-n", "-5"}, "-n must be > 0"},
 		{[]string{"bench", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
 	}
@@ -137,6 +139,33 @@ func TestCLI_BenchJSONShape(t *testing.T) {
 	}
 	if got["mode"] != "burndown" || got["items"] != float64(5000) || got["items_per_sec"].(float64) <= 0 {
 		t.Errorf("bench JSON = %v", got)
+	}
+}
+
+// TestCLI_BenchIdleCountsCalls: idle instances on memdriver heartbeat once
+// at registration (before the measured window), claim on their own cadence
+// without claiming anything, and make no other write call.
+func TestCLI_BenchIdleCountsCalls(t *testing.T) {
+	r := runCLI(t, nil, "bench", "--mode", "idle", "--instances", "2", "--duration", "1s", "--json")
+	if r.code != 0 {
+		t.Fatalf("bench idle exit %d: %s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var got struct {
+		Mode        string  `json:"mode"`
+		Instances   int     `json:"instances"`
+		Seconds     float64 `json:"seconds"`
+		Claims      int64   `json:"claims"`
+		OtherWrites int64   `json:"other_write_calls"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
+	}
+	if got.Mode != "idle" || got.Instances != 2 || got.Seconds < 1 || got.OtherWrites != 0 {
+		t.Fatalf("bench idle JSON = %+v", got)
+	}
+	if !strings.Contains(r.stdout, "other writes 0") || !strings.Contains(r.stdout, "(0 rows claimed)") {
+		t.Fatalf("bench idle report lacks the call counts:\n%s", r.stdout)
 	}
 }
 
