@@ -109,9 +109,10 @@ func idle(ctx context.Context, c benchConfig, be benchBackend, out io.Writer) (b
 	}
 	defer stopAll()
 	// Registration writes each instance's row once; measure from after it.
-	settle := 2 * time.Second
-	if !sleepCtxBench(ctx, settle) {
+	select {
+	case <-ctx.Done():
 		return benchResult{}, ctx.Err()
+	case <-time.After(2 * time.Second):
 	}
 	tw, _ := be.(tableWriter)
 	var before map[string]int64
@@ -148,8 +149,10 @@ wait:
 	if tw != nil {
 		// Backends report their counters to pg_stat at most once a second
 		// and within 10 s of going idle; wait that out.
-		if !sleepCtxBench(ctx, 11*time.Second) {
+		select {
+		case <-ctx.Done():
 			return benchResult{}, ctx.Err()
+		case <-time.After(11 * time.Second):
 		}
 		after, err := tw.tableWrites(ctx)
 		if err != nil {
@@ -179,14 +182,3 @@ type countingBackend struct {
 }
 
 func (b countingBackend) coordinator() driver.Coordinator { return b.coord }
-
-func sleepCtxBench(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}

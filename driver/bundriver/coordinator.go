@@ -197,7 +197,7 @@ func (c *Coordinator) enqueue(ctx context.Context, db bun.IDB, items []driver.Ne
 	}
 	var inserted int
 	err = db.QueryRowContext(ctx, c.sql.enqueue,
-		pgdialect.Array(a.Categories), pgdialect.Array(a.IDs), pgdialect.Array(a.Streams), pgdialect.Array(a.Partitions),
+		pgdialect.Array(a.Categories), pgdialect.Array(pgcall.IDStrings(ids)), pgdialect.Array(a.Streams), pgdialect.Array(a.Partitions),
 		pgdialect.Array(a.Names), pgdialect.Array(a.Types), pgdialect.Array(a.Payloads), pgdialect.Array(a.Metadata),
 		pgdialect.Array(a.ScheduledFor), c.nowArg(), a.NewIDs).Scan(&inserted)
 	if err != nil {

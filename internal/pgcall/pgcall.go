@@ -124,11 +124,11 @@ func Now(now func() time.Time) time.Time {
 
 // ---- enqueue ----
 
-// EnqueueArgs are wp_enqueue's parallel arrays. A nil ScheduledFor element
+// EnqueueArgs are wp_enqueue's parallel arrays, without the ids (returned
+// apart: each driver encodes them its own way). A nil ScheduledFor element
 // means due now; a nil Payloads element stores NULL.
 type EnqueueArgs struct {
 	Categories   []string
-	IDs          []string
 	Streams      []string
 	Partitions   []int32
 	Names        []string
@@ -151,7 +151,7 @@ func BuildEnqueue(items []driver.NewWork, partitionCount int) ([]uuid.UUID, Enqu
 	n := len(items)
 	ids := make([]uuid.UUID, n)
 	a := EnqueueArgs{
-		Categories: make([]string, n), IDs: make([]string, n), Streams: make([]string, n),
+		Categories: make([]string, n), Streams: make([]string, n),
 		Partitions: make([]int32, n), Names: make([]string, n), Types: make([]string, n),
 		Payloads: make([][]byte, n), Metadata: make([]string, n), ScheduledFor: make([]*time.Time, n),
 		NewIDs: true,
@@ -168,7 +168,6 @@ func BuildEnqueue(items []driver.NewWork, partitionCount int) ([]uuid.UUID, Enqu
 		}
 		ids[i] = id
 		a.Categories[i] = string(it.Category)
-		a.IDs[i] = id.String()
 		a.Streams[i] = it.StreamID
 		a.Partitions[i] = int32(driver.PartitionOf(driver.PartitionKey(it.StreamID, id), partitionCount))
 		a.Names[i] = it.Name
