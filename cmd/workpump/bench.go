@@ -28,7 +28,7 @@ type benchConfig struct {
 	mode                               string
 	rate                               int
 	duration                           time.Duration
-	asJSON, reset                      bool
+	asJSON, reset, asyncClaims         bool
 	databaseURL, schema                string
 	cpuProfile                         string
 }
@@ -39,6 +39,7 @@ type benchResult struct {
 	Store              string  `json:"store"`
 	Items              int     `json:"items"`
 	Instances          int     `json:"instances"`
+	AsyncClaims        bool    `json:"async_claims,omitempty"`
 	Seconds            float64 `json:"seconds"`
 	ItemsPerSec        float64 `json:"items_per_sec"`
 	EnqueueItemsPerSec float64 `json:"enqueue_items_per_sec,omitempty"`
@@ -65,6 +66,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.rate, "rate", 1000, "continuous: items per second, one per transaction")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue; idle: how long to idle")
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
+	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
@@ -92,6 +94,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--rate must be > 0")
 	case c.duration <= 0:
 		return usagef("--duration must be > 0")
+	case c.asyncClaims && c.databaseURL == "":
+		return usagef("--async-claims: the in-memory driver has no commits to make asynchronous; give --database-url")
 	}
 	var be benchBackend
 	if c.databaseURL != "" {
@@ -116,7 +120,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	res.Mode, res.Store, res.Instances = c.mode, be.name(), c.instances
+	res.Mode, res.Store, res.Instances, res.AsyncClaims = c.mode, be.name(), c.instances, c.asyncClaims
 	if c.asJSON {
 		return json.NewEncoder(stdout).Encode(res)
 	}

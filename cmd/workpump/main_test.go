@@ -77,6 +77,7 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"bench", "--batch", "0"}, "--batch must be > 0"},
 		{[]string{"bench", "--max-in-flight", "8"}, "--max-in-flight must be >= --concurrency"},
 		{[]string{"bench", "-n", "-5"}, "-n must be > 0"},
+		{[]string{"bench", "--async-claims"}, "--async-claims: the in-memory driver has no commits"},
 		{[]string{"bench", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
 	}
 	for _, c := range cases {

@@ -488,3 +488,85 @@ func TestModelsReadPumpState(t *testing.T) {
 		t.Fatalf("NewSelect(non-model): %v", err)
 	}
 }
+
+// claimTracer records the SQL of the claim calls a connection sends.
+type claimTracer struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (c *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "wp_claim_work") {
+		c.mu.Lock()
+		c.sql = append(c.sql, data.SQL)
+		c.mu.Unlock()
+	}
+	return ctx
+}
+
+func (c *claimTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestAsynchronousClaims: with AsynchronousClaims the claim statement bun
+// sends leaves its transaction committing with synchronous_commit = off
+// (replayed in a transaction to observe it), without it the session's
+// setting stands, and in both modes the claim leases what it returns.
+func TestAsynchronousClaims(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	for _, asyncClaims := range []bool{false, true} {
+		cfg, err := pgx.ParseConfig(pgtest.URL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		tr := &claimTracer{}
+		cfg.Tracer = tr
+		sqldb := stdlib.OpenDB(*cfg)
+		sqldb.SetMaxOpenConns(2)
+		db := bun.NewDB(sqldb, pgdialect.New())
+		t.Cleanup(func() { _ = db.Close() })
+		c, err := bundriver.New(db, bundriver.Options{Schema: pgtest.Schema(t), AsynchronousClaims: asyncClaims, DisableListener: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		id := registered(t, c)
+		ids, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: "a"}, {Category: driver.Outbox}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Lease: time.Minute, MaxPerCategory: 10})
+		if err != nil || len(res.Work) != 2 {
+			t.Fatalf("AsynchronousClaims=%v: claim: %v %+v", asyncClaims, err, res)
+		}
+		for _, wid := range ids {
+			if ws, ok, err := c.GetWork(ctx, driver.Outbox, wid); err != nil || !ok || ws.InstanceID != id {
+				t.Fatalf("AsynchronousClaims=%v: row %s: owner %v ok=%v err=%v, want leased to %s", asyncClaims, wid, ws.InstanceID, ok, err, id)
+			}
+		}
+
+		tr.mu.Lock()
+		sent := append([]string(nil), tr.sql...)
+		tr.mu.Unlock()
+		if len(sent) == 0 {
+			t.Fatalf("AsynchronousClaims=%v: no claim statement traced", asyncClaims)
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.QueryContext(ctx, sent[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = rows.Close()
+		var mode string
+		if err := tx.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&mode); err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Rollback()
+		if want := map[bool]string{false: "on", true: "off"}[asyncClaims]; mode != want {
+			t.Errorf("AsynchronousClaims=%v: synchronous_commit after the claim statement = %s, want %s", asyncClaims, mode, want)
+		}
+	}
+}

@@ -62,16 +62,20 @@ type statements struct {
 	unlock                                          string
 }
 
-func newStatements(schema string, syncAcks bool) statements {
+func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 	q := pgcall.Question
 	ack := pgcall.Call.AsyncCommitSQL
 	if syncAcks {
 		ack = pgcall.Call.SQL
 	}
+	claim := pgcall.Call.SQL
+	if asyncClaims {
+		claim = pgcall.Call.AsyncCommitSQL
+	}
 	return statements{
 		completeInTx:  pgcall.Complete.SQL(schema, q),
 		enqueue:       pgcall.Enqueue.SQL(schema, q),
-		claim:         pgcall.Claim.SQL(schema, q),
+		claim:         claim(pgcall.Claim, schema, q),
 		renew:         ack(pgcall.Renew, schema, q),
 		complete:      ack(pgcall.Complete, schema, q),
 		fail:          ack(pgcall.Fail, schema, q),
@@ -110,7 +114,7 @@ func New(db bun.IDB, opts Options) (*Coordinator, error) {
 		db:   db,
 		opts: o,
 		log:  o.Logger.Named("bundriver"),
-		sql:  newStatements(o.Schema, o.SynchronousAcks),
+		sql:  newStatements(o.Schema, o.SynchronousAcks, o.AsynchronousClaims),
 
 		lmode: ListenerUndecided,
 	}

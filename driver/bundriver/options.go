@@ -27,11 +27,25 @@ type Options struct {
 	// synchronous_commit = off for their own transaction (never inside a
 	// caller's: CompleteTx keeps the caller's setting): a database crash can
 	// lose the last fraction of a second of acknowledgements, whose rows are
-	// then delivered again (at-least-once), and order still holds because
-	// claims commit synchronously, which flushes every earlier ack. Async
+	// then delivered again (at-least-once), and order still holds: the WAL
+	// is sequential, so a claim the database kept implies that every ack
+	// before it was kept too. Async
 	// acks keep the pump's bookkeeping off the WAL-flush queue that the
 	// application's own commits wait in.
 	SynchronousAcks bool
+	// AsynchronousClaims makes ClaimWork commit with synchronous_commit =
+	// off for its own transaction, so handlers start one WAL flush sooner:
+	// in `workpump bench --mode continuous` the pickup latency p50 drops
+	// from about 5.5 to 3.5 ms, and a burn-down gains a few percent. The
+	// price, paid only when the database server crashes (not when an
+	// application process does): the claims of its last fraction of a
+	// second are forgotten while their handlers may still be running, so
+	// another instance can claim those rows and a stream can be handled by
+	// two instances at once until the first instance's handlers finish. Order
+	// of what the database keeps is unaffected (the WAL is sequential), and
+	// delivery stays at-least-once. Off by default: with it off, a row whose
+	// handler runs is durably leased to that handler's instance.
+	AsynchronousClaims bool
 	// Logger receives listener and schema diagnostics; nil discards them.
 	Logger hclog.Logger
 

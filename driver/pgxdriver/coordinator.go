@@ -55,16 +55,20 @@ type statements struct {
 	unlock                                                    string
 }
 
-func newStatements(schema string, syncAcks bool) statements {
+func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 	s, d := `"`+schema+`"`, pgcall.Dollar
 	ack := pgcall.Call.AsyncCommitSQL
 	if syncAcks {
 		ack = pgcall.Call.SQL
 	}
+	claim := pgcall.Call.SQL
+	if asyncClaims {
+		claim = pgcall.Call.AsyncCommitSQL
+	}
 	return statements{
 		completeInTx:  pgcall.Complete.SQL(schema, d),
 		enqueue:       pgcall.Enqueue.SQL(schema, d),
-		claim:         pgcall.Claim.SQL(schema, d),
+		claim:         claim(pgcall.Claim, schema, d),
 		renew:         ack(pgcall.Renew, schema, d),
 		complete:      ack(pgcall.Complete, schema, d),
 		fail:          ack(pgcall.Fail, schema, d),
@@ -101,7 +105,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Coordinator, error) {
 		pool: pool,
 		opts: o,
 		log:  o.Logger.Named("pgxdriver"),
-		sql:  newStatements(o.Schema, o.SynchronousAcks),
+		sql:  newStatements(o.Schema, o.SynchronousAcks, o.AsynchronousClaims),
 		subs: make(map[uuid.UUID][]*subscription),
 	}
 	switch {

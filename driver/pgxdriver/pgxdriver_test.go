@@ -821,7 +821,7 @@ func TestMigrateHelper(t *testing.T) {
 // the in-transaction completion do not, and SynchronousAcks turns it off.
 func TestAcksCommitAsynchronouslyUnlessAsked(t *testing.T) {
 	const async = "set_config('synchronous_commit', 'off', true)"
-	st := newStatements("s", false)
+	st := newStatements("s", false, false)
 	for name, text := range map[string]string{"complete": st.complete, "fail": st.fail, "release": st.release, "renew": st.renew} {
 		if !strings.Contains(text, async) {
 			t.Errorf("%s = %s, want an async commit", name, text)
@@ -832,10 +832,60 @@ func TestAcksCommitAsynchronouslyUnlessAsked(t *testing.T) {
 			t.Errorf("%s = %s, want the caller's commit mode", name, text)
 		}
 	}
-	sync := newStatements("s", true)
+	sync := newStatements("s", true, false)
 	for name, text := range map[string]string{"complete": sync.complete, "fail": sync.fail, "release": sync.release, "renew": sync.renew} {
 		if strings.Contains(text, "synchronous_commit") {
 			t.Errorf("SynchronousAcks: %s = %s, want a plain call", name, text)
+		}
+	}
+}
+
+// TestAsynchronousClaims: with AsynchronousClaims the claim statement leaves
+// its transaction committing with synchronous_commit = off (observed in the
+// transaction it ran in), without it the session's setting stands, and in
+// both modes the claim leases the rows it returns.
+func TestAsynchronousClaims(t *testing.T) {
+	ctx := context.Background()
+	for _, asyncClaims := range []bool{false, true} {
+		base := newTestCoordinator(t, false, nil, 0)
+		c := mustNew(t, base.pool, Options{Schema: base.opts.Schema, AsynchronousClaims: asyncClaims})
+		inst := uuid.Must(uuid.NewV7())
+		register(t, c, inst)
+		ids, err := c.Enqueue(ctx, []driver.NewWork{outbox("a"), outbox("a"), outbox("")})
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		// The statement's own effect on its transaction.
+		tx, err := c.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, c.sql.claim, inst, []string{"outbox"}, int64(time.Minute), 1, c.nowArg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+		var mode string
+		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&mode); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{false: "on", true: "off"}[asyncClaims]; mode != want {
+			t.Errorf("AsynchronousClaims=%v: synchronous_commit after the claim = %s, want %s", asyncClaims, mode, want)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		got := claimAll(t, c, inst)
+		if len(got) != 3 {
+			t.Fatalf("AsynchronousClaims=%v: claimed %d rows, want 3", asyncClaims, len(got))
+		}
+		for _, id := range ids {
+			w, ok, err := c.GetWork(ctx, driver.Outbox, id)
+			if err != nil || !ok || w.InstanceID != inst || w.LeaseExpiry.IsZero() {
+				t.Fatalf("AsynchronousClaims=%v: row %s after the claim: %+v ok=%v err=%v, want leased to %s", asyncClaims, id, w, ok, err, inst)
+			}
 		}
 	}
 }
