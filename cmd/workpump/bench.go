@@ -273,7 +273,7 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	jobs := make(chan int, total)
 	errs := make(chan error, 1)
 	var senders sync.WaitGroup
-	for range min(64, 4+c.rate/100) {
+	for range senderCount(c) {
 		senders.Add(1)
 		go func() {
 			defer senders.Done()
@@ -335,6 +335,9 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	fmt.Fprintf(out, "pickup latency (enqueue commit -> handler start): p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n", res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
 	return res, nil
 }
+
+// senderCount is the continuous load generator's pool of committing goroutines.
+func senderCount(c benchConfig) int { return min(64, 4+c.rate/100) }
 
 // startCPUProfile writes a CPU profile to path until the returned function
 // is called (again calls are no-ops); an empty path profiles nothing.

@@ -18,6 +18,7 @@ import (
 
 type pgBenchBackend struct {
 	pool    *pgxpool.Pool
+	app     *pgxpool.Pool // the load generator's own connections, as an application's
 	coord   *pgxdriver.Coordinator
 	schema  string
 	created bool
@@ -47,7 +48,12 @@ func newPostgresBenchBackend(ctx context.Context, c benchConfig, out io.Writer) 
 		pool.Close()
 		return nil, err
 	}
-	b := &pgBenchBackend{pool: pool, coord: coord, schema: schema, created: created, out: out}
+	app, err := openPool(ctx, c.databaseURL, int32(senderCount(c)))
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	b := &pgBenchBackend{pool: pool, app: app, coord: coord, schema: schema, created: created, out: out}
 	if !created {
 		st, err := coord.Stats(ctx)
 		if err != nil {
@@ -98,7 +104,7 @@ func (b *pgBenchBackend) name() string                    { return "Postgres (pg
 func (b *pgBenchBackend) coordinator() driver.Coordinator { return b.coord }
 
 func (b *pgBenchBackend) enqueueOne(ctx context.Context, w driver.NewWork) (uuid.UUID, error) {
-	tx, err := b.pool.Begin(ctx)
+	tx, err := b.app.Begin(ctx)
 	if err != nil {
 		return uuid.Nil, err
 	}
@@ -118,6 +124,7 @@ func (b *pgBenchBackend) close() {
 			fmt.Fprintf(b.out, "drop schema %s: %v\n", b.schema, err)
 		}
 	}
+	b.app.Close()
 	b.pool.Close()
 }
 
