@@ -34,30 +34,30 @@ func TestPerfReport(t *testing.T) {
 		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 		return ds[len(ds)/2]
 	}
-	timeIt := func(n int, f func()) time.Duration {
-		ds := make([]time.Duration, n)
-		for i := range ds {
+	// idleVsSelect1 times n idle claims of c by inst against n SELECT 1
+	// round trips, alternating them so that the VM's speed drift (it
+	// changes within seconds) affects both alike.
+	idleVsSelect1 := func(c *Coordinator, req driver.ClaimRequest, n int) (sel1, idle time.Duration) {
+		a, b := make([]time.Duration, n), make([]time.Duration, n)
+		for i := range n {
 			start := time.Now()
-			f()
-			ds[i] = time.Since(start)
+			var one int
+			if err := c.pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+				t.Fatal(err)
+			}
+			mid := time.Now()
+			res, err := c.ClaimWork(ctx, req)
+			if err != nil || len(res.Work) != 0 {
+				t.Fatalf("idle claim: %d rows, %v", len(res.Work), err)
+			}
+			a[i], b[i] = mid.Sub(start), time.Since(mid)
 		}
-		return median(ds)
+		return median(a), median(b)
 	}
 
 	// Round trips: SELECT 1 against an idle claim on the same pool.
-	sel1 := timeIt(2000, func() {
-		var one int
-		if err := c.pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-			t.Fatal(err)
-		}
-	})
 	req := driver.ClaimRequest{InstanceID: inst, Lease: 5 * time.Minute, MaxPerCategory: 1000}
-	idle := timeIt(2000, func() {
-		res, err := c.ClaimWork(ctx, req)
-		if err != nil || len(res.Work) != 0 {
-			t.Fatalf("idle claim: %d rows, %v", len(res.Work), err)
-		}
-	})
+	sel1, idle := idleVsSelect1(c, req, 3000)
 	t.Logf("median round trip: SELECT 1 %v, idle ClaimWork (all categories) %v (ratio %.2f)", sel1, idle, float64(idle)/float64(sel1))
 
 	// Batches of 1000: enqueue, claim, complete; streamless and one stream per row.
@@ -133,29 +133,18 @@ func TestPerfReport(t *testing.T) {
 				}
 				completeAll(t, bc, bi, res.Work)
 			}
-			idleVsSelect1 := func(when string) {
-				sel1 := timeIt(2000, func() {
-					var one int
-					if err := bc.pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-						t.Fatal(err)
-					}
-				})
-				idle := timeIt(2000, func() {
-					res, err := bc.ClaimWork(ctx, breq)
-					if err != nil || len(res.Work) != 0 {
-						t.Fatalf("idle claim: %d rows, %v", len(res.Work), err)
-					}
-				})
+			idleAfter := func(when string) {
+				sel1, idle := idleVsSelect1(bc, breq, 3000)
 				t.Logf("%d processed inbox rows kept, %s: median SELECT 1 %v, idle ClaimWork %v (ratio %.2f)", n, when, sel1, idle, float64(idle)/float64(sel1))
 			}
 			// Right after the drain the claim's index probes step over the
 			// drained rows' dead index entries until (auto)vacuum removes
 			// them; then the probes are a few page reads again.
-			idleVsSelect1("right after the drain")
+			idleAfter("right after the drain")
 			if _, err := bc.pool.Exec(ctx, "VACUUM "+pgx.Identifier{bc.opts.Schema, "wp_inbox"}.Sanitize()); err != nil {
 				t.Fatal(err)
 			}
-			idleVsSelect1("after VACUUM")
+			idleAfter("after VACUUM")
 		}
 	}
 
