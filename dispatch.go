@@ -85,29 +85,52 @@ func (d *dispatcher) capacity() int {
 }
 
 // submit is the claim worker's sink. The batch is grouped by order scope,
-// keeping the store's order (by Seq) inside each scope.
+// keeping the store's order (by Seq) inside each scope. The runs are laid
+// out contiguously in two batch-sized arrays, so grouping allocates per
+// batch, not per item; execute clears each slot once its item is done, so
+// a slow run pins the arrays but not the other items' payloads.
 func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	claimStart, _ := workers.ClaimStartedAt(ctx)
 	d.inflight.Add(int64(len(batch)))
-	index := make(map[scopeKey]int, len(batch))
-	runs := make([]run, 0, len(batch))
-	for _, w := range batch {
-		h := d.p.renew.Acquire(d.ctx, w, claimStart)
+	runOf := make([]int32, len(batch))
+	var next []int32 // per run: its size, then its next free slot
+	var index map[scopeKey]int32
+	for i, w := range batch {
 		if w.StreamID == "" {
-			runs = append(runs, run{items: []driver.Work{w}, handles: []*workers.LeaseHandle{h}})
+			runOf[i] = int32(len(next))
+			next = append(next, 1)
 			continue
+		}
+		if index == nil {
+			index = make(map[scopeKey]int32)
 		}
 		k := scopeKey{category: w.Category, stream: w.StreamID}
 		if w.Category.OrderedByName() {
 			k.name = w.Name
 		}
-		if i, ok := index[k]; ok {
-			runs[i].items = append(runs[i].items, w)
-			runs[i].handles = append(runs[i].handles, h)
-			continue
+		r, ok := index[k]
+		if !ok {
+			r = int32(len(next))
+			index[k] = r
+			next = append(next, 0)
 		}
-		index[k] = len(runs)
-		runs = append(runs, run{items: []driver.Work{w}, handles: []*workers.LeaseHandle{h}})
+		next[r]++
+		runOf[i] = r
+	}
+	runs := make([]run, len(next))
+	items := make([]driver.Work, len(batch))
+	handles := make([]*workers.LeaseHandle, len(batch))
+	at := int32(0)
+	for r, n := range next {
+		runs[r] = run{items: items[at : at+n : at+n], handles: handles[at : at+n : at+n]}
+		next[r] = at
+		at += n
+	}
+	for i, w := range batch {
+		slot := next[runOf[i]]
+		next[runOf[i]]++
+		items[slot] = w
+		handles[slot] = d.p.renew.Acquire(d.ctx, w, claimStart)
 	}
 	for i, r := range runs {
 		select {
@@ -157,6 +180,7 @@ func (d *dispatcher) execute(r run) {
 			return
 		}
 		err := d.runOne(w, r.handles[i])
+		r.items[i], r.handles[i] = driver.Work{}, nil // let its payload go
 		d.done(1)
 		if err != nil {
 			// Order: later items of this stream must wait for the failed
