@@ -55,13 +55,15 @@ type LeaseHandle struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu         sync.Mutex
-	deadline   time.Time
-	renewals   int
-	disposed   bool
-	ended      bool // context cancelled
-	deadlineT  *time.Timer
-	autoRenewT *time.Timer
+	mu       sync.Mutex
+	deadline time.Time
+	renewAt  time.Time // next automatic renewal request; zero: none planned
+	renewals int
+	disposed bool
+	ended    bool // context cancelled
+	// timer fires at the earlier of renewAt and deadline: one timer per
+	// handle, not one for each (a handle is made for every dispatched item).
+	timer *time.Timer
 }
 
 func newLeaseHandle(parent context.Context, owner *LeaseRenewalWorker, key LeaseKey, start time.Time) *LeaseHandle {
@@ -79,17 +81,25 @@ func newLeaseHandle(parent context.Context, owner *LeaseRenewalWorker, key Lease
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.deadlineT = time.AfterFunc(time.Until(h.deadline), h.onDeadline)
 	if h.renewable {
-		h.autoRenewT = time.AfterFunc(time.Until(h.renewAt(start)), h.onAutoRenew)
+		h.renewAt = h.renewTime(start)
 	}
+	h.timer = time.AfterFunc(time.Until(h.nextWakeLocked()), h.onTimer)
 	return h
 }
 
-// renewAt is when a handle whose deadline period began at start asks for
+// nextWakeLocked is when the timer must fire next.
+func (h *LeaseHandle) nextWakeLocked() time.Time {
+	if !h.renewAt.IsZero() && h.renewAt.Before(h.deadline) {
+		return h.renewAt
+	}
+	return h.deadline
+}
+
+// renewTime is when a handle whose deadline period began at start asks for
 // renewal: when a third of the lease is left, or halfway to the deadline
 // when the grace leaves less than that.
-func (h *LeaseHandle) renewAt(start time.Time) time.Time {
+func (h *LeaseHandle) renewTime(start time.Time) time.Time {
 	at := start.Add(h.lease * 2 / 3)
 	if d := start.Add(h.lease - h.grace); !at.Before(d) {
 		at = start.Add((h.lease - h.grace) / 2)
@@ -168,43 +178,52 @@ func (h *LeaseHandle) Dispose() {
 	}
 }
 
-// endLocked cancels the context with cause and stops the timers.
+// endLocked cancels the context with cause and stops the timer.
 func (h *LeaseHandle) endLocked(cause error) {
-	h.deadlineT.Stop()
-	if h.autoRenewT != nil {
-		h.autoRenewT.Stop()
-	}
+	h.timer.Stop()
 	if !h.ended {
 		h.ended = true
 		h.cancel(cause)
 	}
 }
 
-func (h *LeaseHandle) onDeadline() {
+// onTimer ends the handle at its deadline and asks for renewal at renewAt.
+// It may also fire for a time that a renewal has since moved; then it only
+// re-arms.
+func (h *LeaseHandle) onTimer() {
+	h.mu.Lock()
+	if h.ended {
+		h.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	if !now.Before(h.deadline) {
+		h.endLocked(ErrLeaseDeadline)
+		h.mu.Unlock()
+		return
+	}
+	due := !h.renewAt.IsZero() && !now.Before(h.renewAt)
+	if due {
+		h.renewAt = time.Time{}
+	}
+	h.mu.Unlock()
+	// Outside the lock: RequestRenewal takes it, and the renewal worker may
+	// call back into the handle.
+	asked := due && h.RequestRenewal()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.ended {
 		return
 	}
-	// A renewal may have moved the deadline after this timer fired.
-	if d := time.Until(h.deadline); d > 0 {
-		h.deadlineT.Reset(d)
-		return
-	}
-	h.endLocked(ErrLeaseDeadline)
-}
-
-func (h *LeaseHandle) onAutoRenew() {
-	if !h.RequestRenewal() {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	// Ask again halfway to the deadline in case this request is lost (queue
-	// full, store error); a confirmed renewal re-arms the timer anyway.
-	if gap := time.Until(h.deadline) / 2; gap >= minRenewRetryGap && !h.ended {
-		h.autoRenewT.Reset(gap)
+	// full, store error); a confirmed renewal re-plans anyway. A request
+	// that could not be queued plans none.
+	if asked && h.renewAt.IsZero() {
+		if gap := time.Until(h.deadline) / 2; gap >= minRenewRetryGap {
+			h.renewAt = time.Now().Add(gap)
+		}
 	}
+	h.timer.Reset(time.Until(h.nextWakeLocked()))
 }
 
 // confirm moves the deadline after the store renewed the lease in a call
@@ -217,10 +236,10 @@ func (h *LeaseHandle) confirm(start time.Time) {
 	}
 	if d := start.Add(h.lease - h.grace); d.After(h.deadline) {
 		h.deadline = d
-		h.deadlineT.Reset(time.Until(d))
-		if h.autoRenewT != nil {
-			h.autoRenewT.Reset(time.Until(h.renewAt(start)))
+		if h.renewable {
+			h.renewAt = h.renewTime(start)
 		}
+		h.timer.Reset(time.Until(h.nextWakeLocked()))
 	}
 }
 
