@@ -101,7 +101,7 @@ func (s *Store) GetStreamOwner(ctx context.Context, streamID string) (driver.Str
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.streams[streamID]
-	if st == nil {
+	if st == nil || !st.row {
 		return driver.StreamOwner{}, false, nil
 	}
 	return driver.StreamOwner{StreamID: streamID, InstanceID: st.owner, LeaseExpiry: st.expiry}, true, nil
@@ -205,8 +205,9 @@ func (s *Store) Purge(ctx context.Context, req driver.PurgeRequest) (driver.Purg
 	if req.StreamsExpiredFor > 0 {
 		cut := now.Add(-req.StreamsExpiredFor)
 		for id, st := range s.streams {
-			if st.expiry.Before(cut) {
-				delete(s.streams, id)
+			if st.row && st.expiry.Before(cut) {
+				st.endRow()
+				s.dropIfEmpty(id, st)
 				res.Streams++
 			}
 		}

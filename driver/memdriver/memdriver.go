@@ -56,7 +56,6 @@ type Store struct {
 	instances   map[uuid.UUID]*instanceRow
 	live        []uuid.UUID // registered instance ids in UUID byte order (rank order)
 	deadLetters []driver.DeadLetter
-	held        map[holdKey]int // leased rows per (stream, instance)
 
 	subs     map[uuid.UUID][]*subscription
 	locks    map[uuid.UUID]*aliveLock
@@ -68,10 +67,99 @@ type Store struct {
 	visited  []*scope // scratch for ClaimWork, reused under mu
 }
 
-// streamRow is one stream ownership row, shared by all categories.
+// streamRow is a stream's state, shared by all categories: its ownership
+// row (while row is true) and how many of its rows each instance holds
+// leased, so that ownership can end with the owner's last leased row. The
+// entry lives while either exists: Purge deletes the ownership row, not the
+// counts. One entry keeps the claim and completion of a stream's row to one
+// map lookup each.
 type streamRow struct {
-	owner  uuid.UUID
+	row    bool
+	owner  uuid.UUID // zero once the owner was evicted, and while !row
 	expiry time.Time
+	held   streamHold   // the usual single holder, kept inline (no allocation)
+	more   []streamHold // holders beyond it (ownership moved while rows stayed leased)
+}
+
+type streamHold struct {
+	id uuid.UUID
+	n  int // 0: the slot is free
+}
+
+// holding reports whether any instance holds a row of the stream.
+func (st *streamRow) holding() bool { return st.held.n > 0 || len(st.more) > 0 }
+
+// hold counts one more row of the stream leased to id.
+func (st *streamRow) hold(id uuid.UUID) {
+	switch {
+	case st.held.n > 0 && st.held.id == id:
+		st.held.n++
+		return
+	case st.held.n == 0 && !slices.ContainsFunc(st.more, func(h streamHold) bool { return h.id == id }):
+		st.held = streamHold{id: id, n: 1}
+		return
+	}
+	for i := range st.more {
+		if st.more[i].id == id {
+			st.more[i].n++
+			return
+		}
+	}
+	st.more = append(st.more, streamHold{id: id, n: 1})
+}
+
+// unhold counts one row fewer for id; last reports that id holds none now.
+func (st *streamRow) unhold(id uuid.UUID) (last bool) {
+	if st.held.n > 0 && st.held.id == id {
+		st.held.n--
+		return st.held.n == 0
+	}
+	for i := range st.more {
+		if st.more[i].id == id {
+			if st.more[i].n--; st.more[i].n > 0 {
+				return false
+			}
+			st.more = slices.Delete(st.more, i, i+1)
+			return true
+		}
+	}
+	return true
+}
+
+// holds lists the holders and their counts.
+func (st *streamRow) holds() []streamHold {
+	out := slices.Clone(st.more)
+	if st.held.n > 0 {
+		out = append(out, st.held)
+	}
+	return out
+}
+
+// own makes id the stream's owner until exp.
+func (st *streamRow) own(id uuid.UUID, exp time.Time) {
+	st.row, st.owner, st.expiry = true, id, exp
+}
+
+// endRow deletes the ownership row.
+func (st *streamRow) endRow() {
+	st.row, st.owner, st.expiry = false, uuid.Nil, time.Time{}
+}
+
+// streamOf returns stream's entry, creating it.
+func (s *Store) streamOf(stream string) *streamRow {
+	st := s.streams[stream]
+	if st == nil {
+		st = &streamRow{}
+		s.streams[stream] = st
+	}
+	return st
+}
+
+// dropIfEmpty forgets stream's entry once it has neither row nor holds.
+func (s *Store) dropIfEmpty(stream string, st *streamRow) {
+	if !st.row && !st.holding() {
+		delete(s.streams, stream)
+	}
 }
 
 type instanceRow struct {
@@ -101,7 +189,6 @@ func New(opts Options) *Store {
 		partitions: opts.PartitionCount,
 		sigBuf:     opts.SignalBuffer,
 		streams:    make(map[string]*streamRow),
-		held:       make(map[holdKey]int),
 		instances:  make(map[uuid.UUID]*instanceRow),
 		subs:       make(map[uuid.UUID][]*subscription),
 		locks:      make(map[uuid.UUID]*aliveLock),

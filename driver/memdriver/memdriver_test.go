@@ -659,12 +659,19 @@ func refClaim(s *Store, c driver.Category, me uuid.UUID, now time.Time, max int)
 	return out
 }
 
-// checkHeld recounts the leased rows per (stream, instance) and checks that
-// every stream owner holds at least one row of its stream.
+// checkHeld recounts the leased rows per (stream, instance), compares them
+// with the streams' hold counts, and checks the entries' invariants: an
+// entry exists only with an ownership row or holds, a stream without an
+// ownership row has no owner, and every stream owner holds at least one row
+// of its stream.
 func checkHeld(t *testing.T, s *Store, step int) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	type holdKey struct {
+		stream string
+		id     uuid.UUID
+	}
 	want := map[holdKey]int{}
 	for _, c := range s.cats {
 		for _, r := range c.rows {
@@ -673,8 +680,23 @@ func checkHeld(t *testing.T, s *Store, step int) {
 			}
 		}
 	}
-	if !maps.Equal(want, s.held) {
-		t.Fatalf("step %d: held counts %v, recounted %v", step, s.held, want)
+	got := map[holdKey]int{}
+	for name, st := range s.streams {
+		for _, h := range st.holds() {
+			if h.n <= 0 {
+				t.Fatalf("step %d: stream %q keeps a hold of %d for %s", step, name, h.n, h.id)
+			}
+			got[holdKey{name, h.id}] += h.n
+		}
+		if !st.row && !st.holding() {
+			t.Fatalf("step %d: stream %q kept with neither ownership row nor holds", step, name)
+		}
+		if !st.row && (st.owner != uuid.Nil || !st.expiry.IsZero()) {
+			t.Fatalf("step %d: stream %q has an owner but no ownership row", step, name)
+		}
+	}
+	if !maps.Equal(want, got) {
+		t.Fatalf("step %d: held counts %v, recounted %v", step, got, want)
 	}
 	for name, st := range s.streams {
 		if st.owner != uuid.Nil && want[holdKey{name, st.owner}] == 0 {

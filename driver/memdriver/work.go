@@ -145,7 +145,7 @@ func (s *Store) claimCategory(c *catStore, me uuid.UUID, now, leaseExp time.Time
 			continue // it blocks the rest of its scope
 		}
 		r.w.Attempts++
-		s.lease(r, me, leaseExp)
+		st := s.lease(r, me, leaseExp)
 		if *out == nil {
 			*out = make([]driver.Work, 0, min(max, c.pending))
 		}
@@ -153,9 +153,9 @@ func (s *Store) claimCategory(c *catStore, me uuid.UUID, now, leaseExp time.Time
 		(*out)[len(*out)-1].Orphaned = r.handedOut
 		r.handedOut = true
 		n++
-		if sc.took != mark && r.w.StreamID != "" {
+		if sc.took != mark && st != nil {
 			sc.took = mark
-			s.ownStream(r.w.StreamID, me, leaseExp)
+			st.own(me, leaseExp)
 		}
 		if sc.cursor = sc.nextPending(sc.cursor + 1); sc.cursor < len(sc.rows) {
 			c.ready.push(sc.rows[sc.cursor].w.Seq, sc)
@@ -167,17 +167,6 @@ func (s *Store) claimCategory(c *catStore, me uuid.UUID, now, leaseExp time.Time
 	clear(visited)
 	s.visited = visited[:0]
 	return n
-}
-
-// ownStream makes me the owner of stream until exp.
-func (s *Store) ownStream(stream string, me uuid.UUID, exp time.Time) {
-	st := s.streams[stream]
-	if st == nil {
-		st = &streamRow{}
-		s.streams[stream] = st
-	}
-	st.owner = me
-	st.expiry = exp
 }
 
 // RenewLeases sets lease expiry = now+Lease on the rows of req.IDs that are
@@ -237,58 +226,46 @@ func holds(r *row, id uuid.UUID, attempts int) bool {
 	return r != nil && !r.removed && r.instance == id && r.w.Attempts == attempts
 }
 
-// holdKey counts the rows of a stream leased to one instance (any
-// category), so that ownership can end with the owner's last leased row.
-// The counts live apart from the stream rows, which Purge may delete.
-type holdKey struct {
-	stream string
-	id     uuid.UUID
-}
-
-// lease leases r to id until exp.
-func (s *Store) lease(r *row, id uuid.UUID, exp time.Time) {
+// lease leases r to id until exp and returns its stream's entry (nil for
+// a row without a stream).
+func (s *Store) lease(r *row, id uuid.UUID, exp time.Time) *streamRow {
+	var st *streamRow
 	if r.w.StreamID != "" {
+		st = s.streamOf(r.w.StreamID)
 		if r.instance != uuid.Nil {
-			s.unhold(r.w.StreamID, r.instance) // re-issue of an expired lease
+			st.unhold(r.instance) // re-issue of an expired lease
 		}
-		s.held[holdKey{stream: r.w.StreamID, id: id}]++
+		st.hold(id)
 	}
 	r.instance = id
 	r.w.LeaseExpiry = exp
+	return st
 }
 
-// unlease clears r's lease. last reports that it was the holder's last
-// leased row of r's stream.
-func (s *Store) unlease(r *row) (last bool) {
-	if r.w.StreamID != "" && r.instance != uuid.Nil {
-		last = s.unhold(r.w.StreamID, r.instance)
-	}
+// unlease clears r's lease.
+func (s *Store) unlease(r *row) {
+	s.settle(r, uuid.Nil)
+}
+
+// settle clears r's lease (a row completed, failed or released); when that
+// was the holder's last leased row of its stream and owner owns the stream,
+// the ownership ends and its row is deleted (the stream returns to its rank
+// owner).
+func (s *Store) settle(r *row, owner uuid.UUID) {
+	holder := r.instance
 	r.instance = uuid.Nil
 	r.w.LeaseExpiry = time.Time{}
-	return last
-}
-
-func (s *Store) unhold(stream string, id uuid.UUID) (last bool) {
-	k := holdKey{stream: stream, id: id}
-	n := s.held[k] - 1
-	if n <= 0 {
-		delete(s.held, k)
-		return true
-	}
-	s.held[k] = n
-	return false
-}
-
-// settle clears the lease of a row id completed, failed or released; when
-// that was id's last leased row of a stream id owns, the ownership ends
-// and its row is deleted (the stream returns to its rank owner).
-func (s *Store) settle(r *row, id uuid.UUID) {
-	if !s.unlease(r) {
+	if r.w.StreamID == "" || holder == uuid.Nil {
 		return
 	}
-	if st := s.streams[r.w.StreamID]; st != nil && st.owner == id {
-		delete(s.streams, r.w.StreamID)
+	st := s.streams[r.w.StreamID]
+	if st == nil {
+		return
 	}
+	if st.unhold(holder) && owner != uuid.Nil && st.row && st.owner == owner {
+		st.endRow()
+	}
+	s.dropIfEmpty(r.w.StreamID, st)
 }
 
 func checkInstanceArg(id uuid.UUID) error {
