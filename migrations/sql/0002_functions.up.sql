@@ -303,6 +303,7 @@ DECLARE
     v_owned    text[] := '{}';
     v_mine     text[];
     v_locked   text[];
+    v_exist    text[]; -- locked streams that have an ownership row
     v_all      boolean;
     v_every    boolean; -- every candidate's stream is locked and owned
     v_tids     tid[];
@@ -452,15 +453,45 @@ BEGIN
                 RETURNING stream_id)
             SELECT v_locked || COALESCE(array_agg(ins.stream_id), '{}') INTO v_locked FROM ins;
         END IF;
-        WITH up AS (
-            INSERT INTO {{.S}}.wp_active_streams AS a (stream_id, assigned_instance_id, lease_expiry)
-            SELECT s, p_instance_id, v_exp FROM unnest(v_locked) s ORDER BY s COLLATE "C"
-            ON CONFLICT (stream_id) DO UPDATE
-               SET assigned_instance_id = EXCLUDED.assigned_instance_id, lease_expiry = EXCLUDED.lease_expiry
-             WHERE a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
-                OR a.lease_expiry < v_now OR NOT (a.assigned_instance_id = ANY (v_live_ids))
-            RETURNING a.stream_id)
-        SELECT COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
+        -- Ownership: existing rows are updated, missing ones inserted
+        -- plainly (an upsert's speculative insertion costs a third more).
+        -- Only a claimer holding a stream's lock row inserts its ownership
+        -- row, and this claim has held all of v_locked since before these
+        -- statements' snapshots, so no row can appear meanwhile. A row that
+        -- a settle deleted meanwhile is neither updated nor inserted here;
+        -- the upsert below takes such streams, so the outcome is the
+        -- upsert's in every case.
+        v_exist := ARRAY(SELECT a.stream_id FROM {{.S}}.wp_active_streams a WHERE a.stream_id = ANY (v_locked));
+        IF cardinality(v_exist) > 0 THEN
+            WITH up AS (
+                UPDATE {{.S}}.wp_active_streams a
+                   SET assigned_instance_id = p_instance_id, lease_expiry = v_exp
+                 WHERE a.stream_id = ANY (v_exist)
+                   AND (a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
+                        OR a.lease_expiry < v_now OR NOT (a.assigned_instance_id = ANY (v_live_ids)))
+                RETURNING a.stream_id)
+            SELECT COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
+        END IF;
+        WITH ins AS (
+            INSERT INTO {{.S}}.wp_active_streams (stream_id, assigned_instance_id, lease_expiry)
+            SELECT s, p_instance_id, v_exp FROM unnest(v_locked) s
+             WHERE s NOT IN (SELECT unnest(v_exist))
+             ORDER BY s COLLATE "C"
+            RETURNING stream_id)
+        SELECT v_owned || COALESCE(array_agg(ins.stream_id), '{}') INTO v_owned FROM ins;
+        IF cardinality(v_owned) < cardinality(v_locked) THEN
+            WITH up AS (
+                INSERT INTO {{.S}}.wp_active_streams AS a (stream_id, assigned_instance_id, lease_expiry)
+                SELECT s, p_instance_id, v_exp FROM unnest(v_locked) s
+                 WHERE s NOT IN (SELECT unnest(v_owned))
+                 ORDER BY s COLLATE "C"
+                ON CONFLICT (stream_id) DO UPDATE
+                   SET assigned_instance_id = EXCLUDED.assigned_instance_id, lease_expiry = EXCLUDED.lease_expiry
+                 WHERE a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
+                    OR a.lease_expiry < v_now OR NOT (a.assigned_instance_id = ANY (v_live_ids))
+                RETURNING a.stream_id)
+            SELECT v_owned || COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
+        END IF;
     END IF;
 {{range .Cats}}
     IF c_{{.Name}}_id IS NOT NULL THEN
