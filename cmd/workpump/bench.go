@@ -24,7 +24,7 @@ import (
 
 type benchConfig struct {
 	n, instances, streams, concurrency int
-	batch, maxInFlight                 int
+	batch, maxInFlight, repeat         int
 	mode                               string
 	rate                               int
 	duration                           time.Duration
@@ -39,6 +39,7 @@ type benchResult struct {
 	Store              string  `json:"store"`
 	Items              int     `json:"items"`
 	Instances          int     `json:"instances"`
+	Runs               int     `json:"runs,omitempty"` // set on the summary line of --repeat: the fields are medians
 	AsyncClaims        bool    `json:"async_claims,omitempty"`
 	Seconds            float64 `json:"seconds"`
 	ItemsPerSec        float64 `json:"items_per_sec"`
@@ -54,7 +55,7 @@ type benchResult struct {
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--json]", stderr)
+	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--repeat N] [--json]", stderr)
 	var c benchConfig
 	fs.IntVar(&c.n, "n", 200000, "burndown: items to drain")
 	fs.IntVar(&c.instances, "instances", 1, "pump instances (in this process)")
@@ -68,6 +69,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
+	fs.IntVar(&c.repeat, "repeat", 1, "run the bench this many times, each on a fresh store, and end with the medians")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
 	fs.StringVar(&c.schema, "schema", "", "Postgres schema (default: a new workpump_bench_<random> schema, dropped at the end)")
@@ -94,14 +96,52 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--rate must be > 0")
 	case c.duration <= 0:
 		return usagef("--duration must be > 0")
+	case c.repeat <= 0:
+		return usagef("--repeat must be > 0")
+	case c.repeat > 1 && c.schema != "":
+		return usagef("--repeat: each run needs a fresh schema; leave --schema out")
 	case c.asyncClaims && c.databaseURL == "":
 		return usagef("--async-claims: the in-memory driver has no commits to make asynchronous; give --database-url")
 	}
+	var runs []benchResult
+	for range c.repeat {
+		res, err := benchOnce(ctx, c, stdout)
+		if err != nil {
+			return err
+		}
+		if c.asJSON {
+			if err := json.NewEncoder(stdout).Encode(res); err != nil {
+				return err
+			}
+		}
+		runs = append(runs, res)
+	}
+	if c.repeat == 1 {
+		return nil
+	}
+	sum := medianOf(runs)
+	fmt.Fprintf(stdout, "median of %d runs: %.0f items/s (%.0f–%.0f)", len(runs), sum.ItemsPerSec,
+		minOf(runs, func(r benchResult) float64 { return r.ItemsPerSec }), maxOf(runs, func(r benchResult) float64 { return r.ItemsPerSec }))
+	if sum.EnqueueItemsPerSec > 0 {
+		fmt.Fprintf(stdout, ", enqueue %.0f items/s", sum.EnqueueItemsPerSec)
+	}
+	if c.mode == "continuous" {
+		fmt.Fprintf(stdout, ", pickup p50 %.2f ms, p99 %.2f ms", sum.P50Ms, sum.P99Ms)
+	}
+	fmt.Fprintln(stdout)
+	if c.asJSON {
+		return json.NewEncoder(stdout).Encode(sum)
+	}
+	return nil
+}
+
+// benchOnce runs one bench on a fresh store.
+func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResult, error) {
 	var be benchBackend
 	if c.databaseURL != "" {
 		var err error
 		if be, err = newPostgresBenchBackend(ctx, c, stdout); err != nil {
-			return err
+			return benchResult{}, err
 		}
 	} else {
 		be = memBenchBackend{s: memdriver.New(memdriver.Options{})}
@@ -118,13 +158,55 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		res, err = idle(ctx, c, be, stdout)
 	}
 	if err != nil {
-		return err
+		return benchResult{}, err
 	}
 	res.Mode, res.Store, res.Instances, res.AsyncClaims = c.mode, be.name(), c.instances, c.asyncClaims
-	if c.asJSON {
-		return json.NewEncoder(stdout).Encode(res)
+	return res, nil
+}
+
+// medianOf summarizes runs: every measured figure is the median over the
+// runs (counts of the idle mode too); Runs says how many.
+func medianOf(runs []benchResult) benchResult {
+	med := func(f func(benchResult) float64) float64 {
+		v := make([]float64, len(runs))
+		for i, r := range runs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		if n := len(v); n%2 == 0 {
+			return (v[n/2-1] + v[n/2]) / 2
+		}
+		return v[len(v)/2]
 	}
-	return nil
+	out := runs[0]
+	out.Runs = len(runs)
+	out.RowsWritten = nil
+	out.Seconds = med(func(r benchResult) float64 { return r.Seconds })
+	out.ItemsPerSec = med(func(r benchResult) float64 { return r.ItemsPerSec })
+	out.EnqueueItemsPerSec = med(func(r benchResult) float64 { return r.EnqueueItemsPerSec })
+	out.P50Ms = med(func(r benchResult) float64 { return r.P50Ms })
+	out.P99Ms = med(func(r benchResult) float64 { return r.P99Ms })
+	out.MaxMs = med(func(r benchResult) float64 { return r.MaxMs })
+	out.HeartbeatsPerInstanceMinute = med(func(r benchResult) float64 { return r.HeartbeatsPerInstanceMinute })
+	out.Claims = int64(med(func(r benchResult) float64 { return float64(r.Claims) }))
+	out.OtherWrites = int64(med(func(r benchResult) float64 { return float64(r.OtherWrites) }))
+	return out
+}
+
+func minOf(runs []benchResult, f func(benchResult) float64) float64 {
+	m := f(runs[0])
+	for _, r := range runs[1:] {
+		m = min(m, f(r))
+	}
+	return m
+}
+
+func maxOf(runs []benchResult, f func(benchResult) float64) float64 {
+	m := f(runs[0])
+	for _, r := range runs[1:] {
+		m = max(m, f(r))
+	}
+	return m
 }
 
 // benchBackend is the store a bench runs on.

@@ -4,7 +4,7 @@
 //	workpump demo    [flags]   3 instances on the in-memory driver (or Postgres), one killed mid-run
 //	workpump migrate up|down|status --database-url URL [--schema S]
 //	workpump status  --database-url URL [--schema S] [--json]
-//	workpump bench   [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous] [--json]
+//	workpump bench   [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--repeat N] [--json]
 //
 // Exit status: 0 success, 1 failure, 2 usage error.
 package main
