@@ -346,3 +346,98 @@ func TestPumpPG_TransactionalCompletion(t *testing.T) {
 		t.Fatalf("stats = %+v, want 2 completed in the handlers' transactions and none by the pump", st)
 	}
 }
+
+// TestPumpPG_SelfPollingHandsBackToSignals: with Claim.SelfPolling a burst
+// of one-item enqueue transactions is handled completely and in stream
+// order while the instance polls by itself (enqueues skip their NOTIFY);
+// once the burst is over the period ends, and a later enqueue is picked up
+// by its NOTIFY at once, not by the next safety-net poll (5 s away).
+func TestPumpPG_SelfPollingHandsBackToSignals(t *testing.T) {
+	t.Parallel()
+	c := pgCoordinator(t)
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	var handled atomic.Int32
+	opts := workpump.Options{ServiceName: "test", Logger: quietOptions().Logger}
+	opts.Claim.SelfPolling = true
+	p := startPG(t, c, opts, func(p *workpump.Pump) {
+		p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+			var n int
+			fmt.Sscanf(string(w.Payload), "%d", &n)
+			mu.Lock()
+			seen[w.StreamID] = append(seen[w.StreamID], n)
+			mu.Unlock()
+			handled.Add(1)
+			return nil
+		})
+	})
+	ctx := t.Context()
+	const writers, each = 20, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for g := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				tx, err := pgtest.Pool(t).Begin(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				_, err = c.EnqueueTx(ctx, tx, []driver.NewWork{{Category: driver.Outbox, StreamID: fmt.Sprintf("s%d", g), Payload: []byte(fmt.Sprint(i))}})
+				if err == nil {
+					err = tx.Commit(ctx)
+				}
+				if err != nil {
+					_ = tx.Rollback(ctx)
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	pgWait(t, 20*time.Second, "the burst handled", func() bool { return handled.Load() == writers*each })
+	mu.Lock()
+	for s, ns := range seen {
+		for i, n := range ns {
+			if n != i {
+				t.Fatalf("stream %s handled %v, want 0..%d in order", s, ns, each-1)
+			}
+		}
+	}
+	mu.Unlock()
+	if st := p.Stats().Claim; st.SelfPollPeriods == 0 {
+		t.Fatalf("no self-polling period during the burst: %+v", st)
+	}
+	time.Sleep(500 * time.Millisecond) // the period lingers 50 ms, then hands back
+	// The period is over: nobody holds its locks, and the worker claims no
+	// more (its next poll is seconds away).
+	var held int
+	if err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_locks l,
+		(SELECT `+pgx.Identifier{c.Schema()}.Sanitize()+`.wp_wake_lock_key($1, n) AS k FROM unnest(ARRAY['polling', 'handshake']) n) key
+		WHERE l.locktype = 'advisory' AND l.granted AND l.classid = ((key.k >> 32) & 4294967295)::oid AND l.objid = (key.k & 4294967295)::oid`, p.ID()).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Fatalf("the self-polling locks are still held %d time(s) after the burst", held)
+	}
+	polls := p.Stats().Claim.Polls
+	time.Sleep(300 * time.Millisecond)
+	if n := p.Stats().Claim.Polls - polls; n > 0 {
+		t.Fatalf("%d claims in 300 ms after the period: still polling by itself", n)
+	}
+	start := time.Now()
+	if _, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: "late", Payload: []byte("0")}}); err != nil {
+		t.Fatal(err)
+	}
+	pgWait(t, 10*time.Second, "the late item", func() bool { return handled.Load() == writers*each+1 })
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("late item picked up after %v: its NOTIFY was skipped or lost (the next poll is 5 s away)", d)
+	}
+}

@@ -68,6 +68,37 @@ type Subscription interface {
 	Close() error
 }
 
+// SelfPolling is the optional capability of stores whose wake-up signal is
+// paid for by the enqueuing transaction: Postgres serializes the commits of
+// transactions that NOTIFY, each through its WAL flush, which caps a store
+// at roughly one signalling commit per disk flush. While an instance
+// self-polls, enqueues routed to it send no signal, so the instance must
+// poll by itself until it has ended self-polling with the hand-shake below;
+// enqueues that skipped their signal are then visible to its last claim.
+type SelfPolling interface {
+	// BeginSelfPolling starts a self-polling period for instanceID. ok is
+	// false when it cannot start now (an enqueue is deciding at this very
+	// moment); signals simply continue, and the caller may try again later.
+	BeginSelfPolling(ctx context.Context, instanceID uuid.UUID) (sp SelfPoll, ok bool, err error)
+}
+
+// SelfPoll is one self-polling period. The caller polls on its own cadence
+// from BeginSelfPolling until Close, and ends it in this order: Stop
+// (enqueues signal again from then on), Settled until it reports true (no
+// enqueue that skipped its signal is still open), one more claim, Close.
+// After an error from Stop or Settled, Close it and poll on the safety-net
+// cadence: an enqueue may have skipped its signal.
+type SelfPoll interface {
+	// Stop ends the skipping: enqueues from now on signal again.
+	Stop(ctx context.Context) error
+	// Settled reports, without waiting, whether every enqueue that skipped
+	// its signal during the period has ended (committed or rolled back).
+	// Once it reported true, enqueues also signal until Close.
+	Settled(ctx context.Context) (bool, error)
+	// Close releases the period's resources. Idempotent.
+	Close() error
+}
+
 // SchemaChecker is the optional capability of stores with a schema to
 // install. CheckSchema returns an error wrapping ErrSchemaNotReady, whose
 // message says how to migrate, when the schema is missing or too old.

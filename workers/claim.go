@@ -100,6 +100,7 @@ type ClaimStats struct {
 	StartupCatchUps   uint64 // 0 or 1
 	ReconnectCatchUps uint64
 	LastGateDown      time.Duration // outage length of the last reconnect
+	SelfPollPeriods   uint64        // self-polling periods begun (Options.SelfPolling)
 }
 
 type claimStartKey struct{}
@@ -151,6 +152,10 @@ type ClaimWorker struct {
 	// reconnected is set by a reconnect; the loop consumes it.
 	reconnected bool
 
+	// self is the self-polling state; nil unless Options.SelfPolling is on,
+	// the store has driver.SelfPolling, and there is a listener.
+	self *selfPoller
+
 	polls, empty, errs, batches, items, startups, reconnects atomic.Uint64
 	lastDown                                                 atomic.Int64
 }
@@ -195,6 +200,10 @@ func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
 		wake:      make(chan struct{}, 1),
 	}
 	w.schema, _ = cfg.Coordinator.(driver.SchemaChecker)
+	if store, ok := cfg.Coordinator.(driver.SelfPolling); ok && cfg.Signals != nil && opts.SelfPolling {
+		w.self = &selfPoller{store: store, id: cfg.InstanceID, interval: opts.SelfPollInterval, linger: opts.SelfPollLinger,
+			fallback: opts.PollInterval, logger: w.logger}
+	}
 	return w, nil
 }
 
@@ -243,7 +252,15 @@ func (w *ClaimWorker) Stats() ClaimStats {
 		StartupCatchUps:   w.startups.Load(),
 		ReconnectCatchUps: w.reconnects.Load(),
 		LastGateDown:      time.Duration(w.lastDown.Load()),
+		SelfPollPeriods:   w.selfPeriods(),
 	}
+}
+
+func (w *ClaimWorker) selfPeriods() uint64 {
+	if w.self == nil {
+		return 0
+	}
+	return w.self.periods.Load()
 }
 
 // backoff is min(base << min(n-1, 10), max) for n >= 1, base for n <= 1,
@@ -416,6 +433,9 @@ func (w *ClaimWorker) awaitSchema(ctx context.Context) bool {
 }
 
 func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
+	if w.self != nil {
+		defer w.self.close()
+	}
 	if w.sub != nil {
 		w.signals = w.sub.Signals()
 		w.gateUp = w.sub.Available()
@@ -507,6 +527,11 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		if len(res.Work) > 0 {
 			w.sink(context.WithValue(ctx, claimStartKey{}, start), res.Work)
 		}
+		var selfWait time.Duration
+		var selfDecides bool
+		if w.self != nil && ctx.Err() == nil {
+			selfWait, selfDecides = w.self.after(ctx, len(res.Work) > 0, w.gateUp)
+		}
 		if res.HasMore {
 			continue
 		}
@@ -518,6 +543,9 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			}
 		}
 		wait, untilSignal = w.waitAfter(emptyPolls, err != nil)
+		if selfDecides {
+			wait, untilSignal = selfWait, false
+		}
 		if !w.waitFor(ctx, wait, untilSignal) {
 			return
 		}

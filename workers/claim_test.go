@@ -45,6 +45,8 @@ func newClaimRig(t *testing.T, coord ClaimCoordinator, opts ClaimOptions, sub *f
 		r.coord = c
 	case schemaCoord:
 		r.coord = c.fakeCoord
+	case selfPollCoord:
+		r.coord = c.fakeCoord
 	}
 	cfg := ClaimConfig{
 		Coordinator: coord,

@@ -138,6 +138,39 @@ func (s schemaCoord) CheckSchema(ctx context.Context) error {
 	return s.check(s.record("schema", nil))
 }
 
+// selfPollCoord adds driver.SelfPolling; its periods record "begin",
+// "stop", "settled" and "close" calls. begin and settled choose the results
+// (n is the 1-based index of the call of that kind); nil means ok/true.
+type selfPollCoord struct {
+	*fakeCoord
+	begin   func(n int) (bool, error)
+	settled func(n int) (bool, error)
+}
+
+func (s selfPollCoord) BeginSelfPolling(ctx context.Context, id uuid.UUID) (driver.SelfPoll, bool, error) {
+	n := s.record("begin", id)
+	if s.begin != nil {
+		if ok, err := s.begin(n); !ok || err != nil {
+			return nil, ok, err
+		}
+	}
+	return fakeSelfPoll{s}, true, nil
+}
+
+type fakeSelfPoll struct{ s selfPollCoord }
+
+func (p fakeSelfPoll) Stop(context.Context) error { p.s.record("stop", nil); return nil }
+
+func (p fakeSelfPoll) Settled(context.Context) (bool, error) {
+	n := p.s.record("settled", nil)
+	if p.s.settled == nil {
+		return true, nil
+	}
+	return p.s.settled(n)
+}
+
+func (p fakeSelfPoll) Close() error { p.s.record("close", nil); return nil }
+
 // purgeCoord adds driver.Purger.
 type purgeCoord struct {
 	*fakeCoord

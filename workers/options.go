@@ -13,6 +13,8 @@ const (
 	DefaultMaxPollInterval           = 10 * time.Second
 	DefaultNotifyHealthyPollInterval = 5 * time.Second
 	DefaultMaxStreamsPerBatch        = 1000
+	DefaultSelfPollInterval          = 2 * time.Millisecond
+	DefaultSelfPollLinger            = 50 * time.Millisecond
 	DefaultLease                     = 300 * time.Second
 
 	DefaultHeartbeatInterval     = 30 * time.Second
@@ -103,6 +105,20 @@ type ClaimOptions struct {
 	// ready (driver.SchemaChecker). By default the worker waits for the
 	// schema, retrying with backoff, and claims once it is ready.
 	FailOnSchemaNotReady bool
+	// SelfPolling (stores with driver.SelfPolling, i.e. Postgres; off by
+	// default): once a claim returned work while the gate is healthy, the
+	// worker polls by itself every SelfPollInterval (default 2 ms), and
+	// enqueues routed to it skip their NOTIFY, whose commits Postgres
+	// serializes through their WAL flush; after SelfPollLinger (default
+	// 50 ms) without work it ends the period with the store's hand-shake
+	// and waits for signals again. It lifts the rate of one-item enqueue
+	// transactions a store can take (here from about 750 to the full
+	// 1 000/s asked) at the price of pickup latency (a poll interval, and
+	// the polls' own load): turn it on for high rates of small
+	// transactions.
+	SelfPolling      bool
+	SelfPollInterval time.Duration
+	SelfPollLinger   time.Duration
 }
 
 // WithDefaults returns o with every zero field set to the spec default.
@@ -122,6 +138,12 @@ func (o ClaimOptions) WithDefaults() ClaimOptions {
 	if o.Lease == 0 {
 		o.Lease = DefaultLease
 	}
+	if o.SelfPollInterval == 0 {
+		o.SelfPollInterval = DefaultSelfPollInterval
+	}
+	if o.SelfPollLinger == 0 {
+		o.SelfPollLinger = DefaultSelfPollLinger
+	}
 	return o
 }
 
@@ -140,6 +162,10 @@ func (o ClaimOptions) Validate() error {
 		return optErr("MaxStreamsPerBatch", "%d, want > 0", o.MaxStreamsPerBatch)
 	case o.Lease <= 0:
 		return optErr("Lease", "%v, want > 0", o.Lease)
+	case o.SelfPollInterval <= 0:
+		return optErr("SelfPollInterval", "%v, want > 0", o.SelfPollInterval)
+	case o.SelfPollLinger < o.SelfPollInterval:
+		return optErr("SelfPollLinger", "%v, want >= SelfPollInterval (%v)", o.SelfPollLinger, o.SelfPollInterval)
 	}
 	return nil
 }

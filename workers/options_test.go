@@ -19,6 +19,9 @@ func TestWithDefaultsEqualsSpec(t *testing.T) {
 		NotifyHealthyPollInterval: 5 * time.Second,
 		MaxStreamsPerBatch:        1000,
 		Lease:                     300 * time.Second,
+		// Beyond the spec (driver.SelfPolling stores only).
+		SelfPollInterval: 2 * time.Millisecond,
+		SelfPollLinger:   50 * time.Millisecond,
 	}); got != want {
 		t.Errorf("ClaimOptions defaults\n got  %+v\n want %+v", got, want)
 	}
@@ -95,6 +98,8 @@ func TestOptionValidationNamesTheField(t *testing.T) {
 		{"LockLostAfter", HeartbeatOptions{LockLostAfter: -time.Second}},
 		{"LockLostAfter", HeartbeatOptions{LockLostAfter: -2}},
 
+		{"SelfPollInterval", ClaimOptions{SelfPollInterval: -time.Millisecond}},
+		{"SelfPollLinger", ClaimOptions{SelfPollLinger: time.Millisecond}},
 		{"MaxBatch", RenewalOptions{MaxBatch: -1}},
 		{"CoalesceWindow", RenewalOptions{CoalesceWindow: -time.Millisecond}},
 		{"ImmediateFlushAt", RenewalOptions{ImmediateFlushAt: -1}},

@@ -29,6 +29,7 @@ type benchConfig struct {
 	rate                               int
 	duration                           time.Duration
 	asJSON, reset, asyncClaims         bool
+	selfPolling                        bool
 	databaseURL, schema                string
 	cpuProfile                         string
 }
@@ -41,6 +42,7 @@ type benchResult struct {
 	Instances          int     `json:"instances"`
 	Runs               int     `json:"runs,omitempty"` // set on the summary line of --repeat: the fields are medians
 	AsyncClaims        bool    `json:"async_claims,omitempty"`
+	SelfPolling        bool    `json:"self_polling,omitempty"`
 	Seconds            float64 `json:"seconds"`
 	ItemsPerSec        float64 `json:"items_per_sec"`
 	EnqueueItemsPerSec float64 `json:"enqueue_items_per_sec,omitempty"`
@@ -69,6 +71,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
+	fs.BoolVar(&c.selfPolling, "self-polling", false, "instances poll by themselves while work flows, and enqueues to them skip their NOTIFY (Claim.SelfPolling)")
 	fs.IntVar(&c.repeat, "repeat", 1, "run the bench this many times, each on a fresh store, and end with the medians")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
@@ -160,7 +163,7 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 	if err != nil {
 		return benchResult{}, err
 	}
-	res.Mode, res.Store, res.Instances, res.AsyncClaims = c.mode, be.name(), c.instances, c.asyncClaims
+	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.SelfPolling = c.mode, be.name(), c.instances, c.asyncClaims, c.selfPolling
 	return res, nil
 }
 
@@ -236,7 +239,7 @@ func benchOptions(c benchConfig) workpump.Options {
 		ServiceName: "bench",
 		Concurrency: c.concurrency,
 		MaxInFlight: c.maxInFlight,
-		Claim:       workers.ClaimOptions{MaxStreamsPerBatch: c.batch},
+		Claim:       workers.ClaimOptions{MaxStreamsPerBatch: c.batch, SelfPolling: c.selfPolling},
 		Logger:      hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Error}),
 	}
 }

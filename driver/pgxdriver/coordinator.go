@@ -53,6 +53,7 @@ type statements struct {
 	getWork, listInstances, listDead, streamOwner             string
 	stats, statsLeases, deadCount, version, aliveKey, tryLock string
 	unlock                                                    string
+	pollBegin, pollStop, pollSettle                           string // self-polling hand-shake (selfpoll.go)
 }
 
 func newStatements(schema string, syncAcks, asyncClaims bool) statements {
@@ -88,6 +89,9 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 		aliveKey:      `SELECT ` + s + `.wp_alive_lock_key($1::uuid)`,
 		tryLock:       `SELECT pg_try_advisory_lock(` + s + `.wp_alive_lock_key($1::uuid))`,
 		unlock:        `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key($1::uuid))`,
+		pollBegin:     `SELECT pg_try_advisory_lock(` + s + `.wp_wake_lock_key($1::uuid, 'polling'))`,
+		pollStop:      `SELECT pg_advisory_unlock(` + s + `.wp_wake_lock_key($1::uuid, 'polling'))`,
+		pollSettle:    `SELECT pg_try_advisory_lock(` + s + `.wp_wake_lock_key($1::uuid, 'handshake'))`,
 	}
 }
 

@@ -920,3 +920,97 @@ func TestEnqueueNewIDsSkipsOnlyTheDuplicateCheck(t *testing.T) {
 		t.Fatalf("without p_new_ids: inserted %d, %v; want 1 (the duplicate skipped)", n, err)
 	}
 }
+
+// TestSelfPollingHandshake: while an instance self-polls, enqueues routed to
+// it send no NOTIFY; after Stop, Settled stays false while an enqueue that
+// skipped its NOTIFY is open and turns true once it committed, and from
+// Stop on, enqueues notify again. Close releases the locks (a new period can
+// begin) and returns the connection.
+func TestSelfPollingHandshake(t *testing.T) {
+	c := newTestCoordinator(t, false, nil, 0)
+	ctx := context.Background()
+	a := uuid.Must(uuid.NewV7())
+	register(t, c, a)
+	sub, err := c.Listen(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	isWork := func(s driver.Signal) bool { return s.Kind == driver.SignalWork }
+	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("")}); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, sub, isWork, "before self-polling")
+
+	if _, _, err := c.BeginSelfPolling(ctx, uuid.Nil); !errors.Is(err, driver.ErrInvalidArgument) {
+		t.Fatalf("BeginSelfPolling(nil) = %v", err)
+	}
+	sp, ok, err := c.BeginSelfPolling(ctx, a)
+	if err != nil || !ok {
+		t.Fatalf("BeginSelfPolling = %v, %v", ok, err)
+	}
+	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("")}); err != nil {
+		t.Fatal(err)
+	}
+	noSignal(t, sub, 200*time.Millisecond, "enqueue while self-polling")
+
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	open, err := c.EnqueueTx(ctx, tx, []driver.NewWork{outbox("s")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := sp.Settled(ctx); err != nil || done {
+		t.Fatalf("Settled with a skipping enqueue open = %v, %v; want false", done, err)
+	}
+	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("")}); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, sub, isWork, "enqueue after Stop")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	noSignal(t, sub, 200*time.Millisecond, "commit of the enqueue that skipped")
+	if done, err := sp.Settled(ctx); err != nil || !done {
+		t.Fatalf("Settled after the commit = %v, %v; want true", done, err)
+	}
+	// The last claim of the period sees the skipped row.
+	got := claimAll(t, c, a)
+	found := false
+	for _, w := range got {
+		found = found || w.ID == open[0]
+	}
+	if !found || len(got) != 4 {
+		t.Fatalf("last claim got %d rows (skipped row found: %v), want all 4", len(got), found)
+	}
+	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("")}); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, sub, isWork, "enqueue while settled")
+	if err := sp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Close(); err != nil {
+		t.Fatalf("second Close = %v", err)
+	}
+	if _, err := sp.Settled(ctx); !errors.Is(err, driver.ErrClosed) {
+		t.Fatalf("Settled after Close = %v, want ErrClosed", err)
+	}
+	sp2, ok, err := c.BeginSelfPolling(ctx, a)
+	if err != nil || !ok {
+		t.Fatalf("a new period after Close: %v, %v", ok, err)
+	}
+	if err := sp2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("")}); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, sub, isWork, "after the period")
+}

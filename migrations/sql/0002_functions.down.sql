@@ -21,5 +21,8 @@ DROP FUNCTION IF EXISTS {{.S}}.wp_release_instances;
 DROP FUNCTION IF EXISTS {{.S}}.wp_ns;
 DROP FUNCTION IF EXISTS {{.S}}.wp_retry_delay;
 DROP FUNCTION IF EXISTS {{.S}}.wp_held_alive_locks;
+DROP FUNCTION IF EXISTS {{.S}}.wp_wakeup_needed;
+DROP FUNCTION IF EXISTS {{.S}}.wp_polls_by_itself;
+DROP FUNCTION IF EXISTS {{.S}}.wp_wake_lock_key;
 DROP FUNCTION IF EXISTS {{.S}}.wp_alive_lock_key;
 DROP FUNCTION IF EXISTS {{.S}}.wp_channel;

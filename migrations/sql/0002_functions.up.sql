@@ -37,6 +37,53 @@ CREATE FUNCTION {{.S}}.wp_alive_lock_key(p_instance_id uuid) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $fn$ SELECT hashtextextended('workpump:' || {{.Lit}} || ':alive:' || p_instance_id::text, 0) $fn$;
 
+-- wp_wake_lock_key is the advisory lock key of one instance's self-polling
+-- hand-shake (driver.SelfPolling). 'polling' is held exclusively by the
+-- instance (session lock) while it polls by itself; 'handshake' is held
+-- shared by every enqueue that skipped its NOTIFY for that reason, until
+-- the enqueue's transaction ends, and exclusively by the instance for its
+-- last claim of the period.
+CREATE FUNCTION {{.S}}.wp_wake_lock_key(p_instance_id uuid, p_lock text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $fn$ SELECT hashtextextended('workpump:' || {{.Lit}} || ':' || p_lock || ':' || p_instance_id::text, 0) $fn$;
+
+-- wp_polls_by_itself reports whether p_instance_id holds its polling lock,
+-- without keeping any hold (a shared try-lock, released at once).
+CREATE FUNCTION {{.S}}.wp_polls_by_itself(p_instance_id uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+DECLARE
+    v_key bigint := {{.S}}.wp_wake_lock_key(p_instance_id, 'polling');
+BEGIN
+    IF pg_try_advisory_lock_shared(v_key) THEN
+        PERFORM pg_advisory_unlock_shared(v_key);
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+-- wp_wakeup_needed decides, inside an enqueue's transaction, whether it must
+-- NOTIFY p_instance_id: not while the instance polls by itself. Before it
+-- skips, the transaction takes the hand-shake lock shared (held until it
+-- ends) and checks again, so the instance cannot finish ending its period
+-- (which takes the hand-shake exclusively, then claims once more) before
+-- this transaction's rows are committed or gone. While the instance runs
+-- that last claim, enqueues notify.
+CREATE FUNCTION {{.S}}.wp_wakeup_needed(p_instance_id uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+BEGIN
+    IF NOT {{.S}}.wp_polls_by_itself(p_instance_id) THEN
+        RETURN true;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock_shared({{.S}}.wp_wake_lock_key(p_instance_id, 'handshake')) THEN
+        RETURN true;
+    END IF;
+    RETURN NOT {{.S}}.wp_polls_by_itself(p_instance_id);
+END
+$fn$;
+
 -- wp_held_alive_locks lists the instances of p_ids whose alive-lock some
 -- session holds right now.
 CREATE FUNCTION {{.S}}.wp_held_alive_locks(p_ids uuid[]) RETURNS SETOF uuid
@@ -119,7 +166,8 @@ $fn$;
 -- until the caller's transaction ends, so enqueues of one stream commit in
 -- seq order and no claim takes the stream meanwhile. Each due item NOTIFYs
 -- the instance that will claim it (the live stream owner, else the rank
--- owner); NOTIFY is sent at commit.
+-- owner), unless that instance polls by itself (wp_wakeup_needed); NOTIFY
+-- is sent at commit.
 CREATE FUNCTION {{.S}}.wp_enqueue(
     p_categories    text[],
     p_ids           uuid[],
@@ -234,7 +282,8 @@ BEGIN
                                            WHERE own.stream_id = u.stream_id AND own.lease_expiry >= v_now
                                              AND (own.assigned_instance_id = ANY (v_live)) IS TRUE) END,
                                      v_live[(u.part % cardinality(v_live)) + 1]) AS target
-                       FROM unnest(w_cat, w_stream, w_part) AS u(cat, stream_id, part)) x;
+                       FROM unnest(w_cat, w_stream, w_part) AS u(cat, stream_id, part)) x
+              WHERE {{.S}}.wp_wakeup_needed(x.target);
         END IF;
     END IF;
     RETURN v_total;

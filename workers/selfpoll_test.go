@@ -1,0 +1,152 @@
+package workers
+
+import (
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/workpump/workpump/driver"
+)
+
+// oneItemFirst returns one item on the first claim (and on the claims
+// listed in more), nothing on the others.
+func oneItemFirst(more ...int) func(int, driver.ClaimRequest) (driver.ClaimResult, error) {
+	return func(n int, _ driver.ClaimRequest) (driver.ClaimResult, error) {
+		if n == 1 {
+			return driver.ClaimResult{Work: []driver.Work{wk(driver.Outbox)}}, nil
+		}
+		for _, m := range more {
+			if n == m {
+				return driver.ClaimResult{Work: []driver.Work{wk(driver.Outbox)}}, nil
+			}
+		}
+		return driver.ClaimResult{}, nil
+	}
+}
+
+// steps returns from, from+step, ..., to.
+func steps(from, to, step time.Duration) []time.Duration {
+	var out []time.Duration
+	for d := from; d <= to; d += step {
+		out = append(out, d)
+	}
+	return out
+}
+
+// TestSelfPollingPeriod: a claim that finds work with the gate up begins a
+// period; the worker then claims every SelfPollInterval (2 ms); SelfPollLinger
+// (50 ms) after the last work it stops, polls on while Settled says an
+// enqueue that skipped its signal is open, claims once more the moment it
+// settled, closes the period, and waits as usual again (here the backoff
+// after 27 empty polls: the 10 s cap).
+func TestSelfPollingPeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
+			settled: func(n int) (bool, error) { return n >= 3, nil }}
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(11))
+		stop(t, r.w)
+		want := append(steps(0, ms(54), ms(2)), ms(54), ms(10054))
+		eqDurations(t, "claims", r.claims(), want)
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(50)})
+		eqDurations(t, "settled", coord.offsets("settled", r.t0), []time.Duration{ms(50), ms(52), ms(54)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(54)})
+		if st := r.w.Stats(); st.SelfPollPeriods != 1 {
+			t.Fatalf("stats %+v, want one self-polling period", st)
+		}
+	})
+}
+
+// TestSelfPollingLingerCountsFromTheLastWork: work found during a period
+// keeps it going SelfPollLinger past that claim.
+func TestSelfPollingLingerCountsFromTheLastWork(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Claims 1 (at 0 ms) and 6 (at 10 ms) find work.
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst(6)}}
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(1))
+		stop(t, r.w)
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(60)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(60)})
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+	})
+}
+
+// TestSelfPollingNotWhenRefusedOrGateDown: no period when the store refuses
+// to begin one (the usual waits follow) or when the gate is down at the
+// claim that found work (signals do not flow anyway: tight base polling).
+func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
+			begin: func(int) (bool, error) { return false, nil }}
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(6))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, sec(5)})
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+	})
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(false), nil)
+		r.start()
+		time.Sleep(ms(600))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, ms(250), ms(500)})
+		if n := len(coord.of("begin")); n != 0 {
+			t.Fatalf("%d begin calls with the gate down", n)
+		}
+	})
+}
+
+// TestSelfPollingHandshakeFailureFallsBack: a failed Settled closes the
+// period and the next claim comes after the tight base (an enqueue may have
+// skipped its signal), then the usual waits.
+func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
+			settled: func(int) (bool, error) { return false, errors.New("connection reset") }}
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(11))
+		stop(t, r.w)
+		want := append(steps(0, ms(50), ms(2)), ms(300), ms(10300))
+		eqDurations(t, "claims", r.claims(), want)
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50)})
+	})
+}
+
+// TestSelfPollingClosedOnStop: stopping the worker mid-period closes it.
+func TestSelfPollingClosedOnStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(ms(11))
+		stop(t, r.w)
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(11)})
+		if n := len(coord.of("stop")); n != 0 {
+			t.Fatalf("%d Stop calls: the period was still running", n)
+		}
+	})
+}
+
+// TestSelfPollingOffByDefault: without Options.SelfPolling the worker stays
+// on signals.
+func TestSelfPollingOffByDefault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
+		r := newClaimRig(t, coord, ClaimOptions{}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(6))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, sec(5)})
+		if n := len(coord.of("begin")); n != 0 {
+			t.Fatalf("%d begin calls", n)
+		}
+	})
+}
