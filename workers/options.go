@@ -112,10 +112,10 @@ type ClaimOptions struct {
 	// serializes through their WAL flush; after SelfPollLinger (default
 	// 50 ms) without work it ends the period with the store's hand-shake
 	// and waits for signals again. It lifts the rate of one-item enqueue
-	// transactions a store can take (here from about 750 to the full
-	// 1 000/s asked) at the price of pickup latency (a poll interval, and
-	// the polls' own load): turn it on for high rates of small
-	// transactions.
+	// transactions a store can take (here from about 800 to the full
+	// 1 000/s asked, p50 4.3 ms) at the price of some latency and of polls:
+	// at low rates every isolated item starts a period of about 25 claims.
+	// Turn it on for high rates of small transactions.
 	SelfPolling      bool
 	SelfPollInterval time.Duration
 	SelfPollLinger   time.Duration

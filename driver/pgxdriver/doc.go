@@ -41,6 +41,19 @@
 // reported as driver.SignalGateAvailable. Losing the listener never stops
 // work: claims do not depend on it, the pump only polls faster.
 //
+// # Self-polling
+//
+// The Coordinator implements driver.SelfPolling. Postgres serializes the
+// commits of transactions that NOTIFY (each holds the notify queue lock
+// through its WAL flush), which caps the rate of small enqueue
+// transactions. While an instance self-polls, it holds its polling lock (a
+// session advisory lock, wp_wake_lock_key(id, 'polling'), on a pool
+// connection kept for the period), and wp_enqueue skips the NOTIFY to it,
+// first taking the hand-shake lock shared for the rest of its transaction.
+// The instance ends a period by releasing the polling lock, try-locking the
+// hand-shake exclusively until no enqueue that skipped is open, claiming
+// once more, and releasing everything. No lock is ever waited for.
+//
 // # Simple protocol and PgBouncer
 //
 // The coordinator works with a pool in pgx.QueryExecModeSimpleProtocol, the

@@ -35,7 +35,7 @@ type Options struct {
 	// AsynchronousClaims makes ClaimWork commit with synchronous_commit =
 	// off for its own transaction, so handlers start one WAL flush sooner:
 	// in `workpump bench --mode continuous` the pickup latency p50 drops
-	// from 4.4 to 2.2 ms, and a burn-down gains a few percent. The
+	// from 4.0 to 2.0 ms, and a burn-down gains a few percent. The
 	// price, paid only when the database server crashes (not when an
 	// application process does): the claims of its last fraction of a
 	// second are forgotten while their handlers may still be running, so
