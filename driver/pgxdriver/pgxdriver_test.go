@@ -92,6 +92,21 @@ func waitSignal(t testing.TB, sub driver.Subscription, match func(driver.Signal)
 	}
 }
 
+// listening returns a coordinator on a fresh schema, a registered instance
+// and its subscription (closed when the test ends).
+func listening(t testing.TB) (*Coordinator, uuid.UUID, driver.Subscription) {
+	t.Helper()
+	c := newTestCoordinator(t, false, nil, 0)
+	a := uuid.Must(uuid.NewV7())
+	register(t, c, a)
+	sub, err := c.Listen(context.Background(), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return c, a, sub
+}
+
 func noSignal(t testing.TB, sub driver.Subscription, d time.Duration, what string) {
 	t.Helper()
 	select {
@@ -499,15 +514,8 @@ func TestAliveLockKeyAndEviction(t *testing.T) {
 // TestListenerReconnects terminates the listener's backend: the gate goes
 // down, comes back, the lock is re-taken and signals flow again.
 func TestListenerReconnects(t *testing.T) {
-	c := newTestCoordinator(t, false, nil, 0)
+	c, a, sub := listening(t)
 	ctx := context.Background()
-	a := uuid.Must(uuid.NewV7())
-	register(t, c, a)
-	sub, err := c.Listen(ctx, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
 	pids := c.listenerPIDs(a)
 	if len(pids) != 1 {
 		t.Fatalf("listener backends %v", pids)
@@ -585,15 +593,8 @@ func TestSimpleProtocolListenerWithDirectDSN(t *testing.T) {
 // TestEnqueueTx: rows and their NOTIFY become visible only at commit; a
 // rollback leaves nothing behind.
 func TestEnqueueTx(t *testing.T) {
-	c := newTestCoordinator(t, false, nil, 0)
+	c, a, sub := listening(t)
 	ctx := context.Background()
-	a := uuid.Must(uuid.NewV7())
-	register(t, c, a)
-	sub, err := c.Listen(ctx, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
 
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
@@ -927,15 +928,8 @@ func TestEnqueueNewIDsSkipsOnlyTheDuplicateCheck(t *testing.T) {
 // Stop on, enqueues notify again. Close releases the locks (a new period can
 // begin) and returns the connection.
 func TestSelfPollingHandshake(t *testing.T) {
-	c := newTestCoordinator(t, false, nil, 0)
+	c, a, sub := listening(t)
 	ctx := context.Background()
-	a := uuid.Must(uuid.NewV7())
-	register(t, c, a)
-	sub, err := c.Listen(ctx, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
 	isWork := func(s driver.Signal) bool { return s.Kind == driver.SignalWork }
 	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("")}); err != nil {
 		t.Fatal(err)
