@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,6 +18,7 @@ func signalCases() []testCase {
 		{name: "Signals/DeregisterSendsOrphanToSurvivors", needs: needSignals, run: signalDeregisterOrphan},
 		{name: "Signals/KilledListenerReportsGateUnavailable", needs: needSignals | needFaults, run: signalKilled},
 		{name: "Signals/InterruptedListenerReconnects", needs: needSignals | needFaults, run: signalInterrupted},
+		{name: "Signals/SelfPollingSkipsThenHandsBack", needs: needSignals, run: signalSelfPolling},
 	}
 }
 
@@ -242,4 +244,52 @@ func inspectorNow(e *env) {
 			e.t.Fatalf("Inspector.Now = %s, want %s", ts(got), ts(e.now()))
 		}
 	}
+}
+
+// signalSelfPolling (stores with driver.SelfPolling): during a period,
+// enqueues routed to the instance send nothing; after Stop and Settled, and
+// after Close, they signal again; a closed period lets a new one begin; the
+// skipped item is claimable.
+func signalSelfPolling(e *env) {
+	sp, ok := e.c.(driver.SelfPolling)
+	if !ok {
+		e.t.Skip("the store does not implement driver.SelfPolling")
+	}
+	a := e.instances(1)[0]
+	sa := e.listen(a)
+	if _, _, err := sp.BeginSelfPolling(e.ctx, uuid.Nil); !errors.Is(err, driver.ErrInvalidArgument) {
+		e.t.Fatalf("BeginSelfPolling(nil) = %v, want ErrInvalidArgument", err)
+	}
+	p, began, err := sp.BeginSelfPolling(e.ctx, a)
+	if err != nil || !began {
+		e.t.Fatalf("BeginSelfPolling = %v, %v", began, err)
+	}
+	e.t.Cleanup(func() { _ = p.Close() }) // a period holds a connection until closed
+	skipped := e.enqueue(item(driver.Outbox, "s"))
+	if err := p.Stop(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	if done, err := p.Settled(e.ctx); err != nil || !done {
+		e.t.Fatalf("Settled with no enqueue open = %v, %v; want true", done, err)
+	}
+	e.enqueue(item(driver.Inbox, "t"))
+	e.wantWake(sa, "A", work(driver.Inbox)) // not the outbox item of the period
+	if err := p.Close(); err != nil {
+		e.t.Fatal(err)
+	}
+	got := e.claim(a).Work
+	if len(got) != 2 || got[0].ID != skipped[0] {
+		e.t.Fatalf("claimed %v, want the skipped outbox item first and the inbox item", got)
+	}
+	p2, began, err := sp.BeginSelfPolling(e.ctx, a)
+	if err != nil || !began {
+		e.t.Fatalf("a new period after Close: %v, %v", began, err)
+	}
+	e.t.Cleanup(func() { _ = p2.Close() })
+	e.enqueue(item(driver.Receptor, "u"))
+	if err := p2.Close(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.enqueue(item(driver.PerspectiveEvent, "v"))
+	e.wantWake(sa, "A", work(driver.PerspectiveEvent)) // not the receptor item of the period
 }

@@ -943,6 +943,7 @@ func TestSelfPollingHandshake(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("BeginSelfPolling = %v, %v", ok, err)
 	}
+	t.Cleanup(func() { _ = sp.Close() }) // a period holds a pool connection until closed
 	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("")}); err != nil {
 		t.Fatal(err)
 	}
@@ -1000,6 +1001,7 @@ func TestSelfPollingHandshake(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("a new period after Close: %v, %v", ok, err)
 	}
+	t.Cleanup(func() { _ = sp2.Close() })
 	if err := sp2.Close(); err != nil {
 		t.Fatal(err)
 	}
