@@ -115,7 +115,8 @@ type ClaimOptions struct {
 	// transactions a store can take (here from about 800 to the full
 	// 1 000/s asked, p50 4.3 ms) at the price of some latency and of polls:
 	// at low rates every isolated item starts a period of about 25 claims.
-	// Turn it on for high rates of small transactions.
+	// Turn it on for high rates of small transactions. A period keeps one
+	// pool connection (it holds the period's session lock).
 	SelfPolling      bool
 	SelfPollInterval time.Duration
 	SelfPollLinger   time.Duration
