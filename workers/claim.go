@@ -530,7 +530,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		var selfWait time.Duration
 		var selfDecides bool
 		if w.self != nil && ctx.Err() == nil {
-			selfWait, selfDecides = w.self.after(ctx, len(res.Work) > 0, w.gateUp)
+			selfWait, selfDecides = w.self.after(ctx, len(res.Work) > 0, err != nil, w.gateUp)
 		}
 		if res.HasMore {
 			continue

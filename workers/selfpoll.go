@@ -44,7 +44,7 @@ const (
 // after feeds one claim's outcome into the state and returns the wait
 // before the next claim, with decided false when the loop's usual wait
 // applies.
-func (p *selfPoller) after(ctx context.Context, gotWork, gateUp bool) (wait time.Duration, decided bool) {
+func (p *selfPoller) after(ctx context.Context, gotWork, failed, gateUp bool) (wait time.Duration, decided bool) {
 	switch p.phase {
 	case selfOff:
 		if !gotWork || !gateUp {
@@ -77,6 +77,11 @@ func (p *selfPoller) after(ctx context.Context, gotWork, gateUp bool) (wait time
 	case selfEnding:
 		return p.settle(ctx)
 	default: // selfLastCall: that claim was the period's last
+		if failed {
+			// It may not have seen an enqueue that skipped its signal:
+			// claim again before handing back.
+			return p.interval, true
+		}
 		p.close()
 		return 0, false
 	}

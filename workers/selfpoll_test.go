@@ -150,3 +150,26 @@ func TestSelfPollingOffByDefault(t *testing.T) {
 		}
 	})
 }
+
+// TestSelfPollingLastClaimRetriedAfterAFailure: the period's last claim
+// must see every enqueue that skipped its signal, so a failed last claim is
+// retried a poll interval later before the period closes.
+func TestSelfPollingLastClaimRetriedAfterAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		first := oneItemFirst()
+		// Claims 1..26 run at 0, 2, ..., 50 ms (the 26th stops and settles);
+		// the 27th, the last one, fails.
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			if n == 27 {
+				return driver.ClaimResult{}, errors.New("connection reset")
+			}
+			return first(n, req)
+		}}}
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(1))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims()[25:], []time.Duration{ms(50), ms(50), ms(52)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(52)})
+	})
+}
