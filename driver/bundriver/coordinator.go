@@ -60,6 +60,7 @@ type statements struct {
 	getWork, listInstances, listDead, streamOwner   string
 	stats, statsLeases, deadCount, version, tryLock string
 	unlock                                          string
+	pollBegin, pollStop, pollSettle                 string // self-polling (selfpoll.go)
 }
 
 func newStatements(schema string, syncAcks, asyncClaims bool) statements {
@@ -72,7 +73,7 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 	if asyncClaims {
 		claim = pgcall.Call.AsyncCommitSQL
 	}
-	return statements{
+	st := statements{
 		completeInTx:  pgcall.Complete.SQL(schema, q),
 		enqueue:       pgcall.Enqueue.SQL(schema, q),
 		claim:         claim(pgcall.Claim, schema, q),
@@ -93,6 +94,8 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 		deadCount:     pgcall.DeadCountSQL(schema),
 		version:       pgcall.VersionSQL(schema),
 	}
+	st.pollBegin, st.pollStop, st.pollSettle = pgcall.SelfPollSQL(schema, q)
+	return st
 }
 
 // New returns a Coordinator over db: a *bun.DB normally (a bun.Conn works

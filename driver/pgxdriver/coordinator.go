@@ -66,7 +66,7 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 	if asyncClaims {
 		claim = pgcall.Call.AsyncCommitSQL
 	}
-	return statements{
+	st := statements{
 		completeInTx:  pgcall.Complete.SQL(schema, d),
 		enqueue:       pgcall.Enqueue.SQL(schema, d),
 		claim:         claim(pgcall.Claim, schema, d),
@@ -89,10 +89,9 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 		aliveKey:      `SELECT ` + s + `.wp_alive_lock_key($1::uuid)`,
 		tryLock:       `SELECT pg_try_advisory_lock(` + s + `.wp_alive_lock_key($1::uuid))`,
 		unlock:        `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key($1::uuid))`,
-		pollBegin:     `SELECT pg_try_advisory_lock(` + s + `.wp_wake_lock_key($1::uuid, 'polling'))`,
-		pollStop:      `SELECT pg_advisory_unlock(` + s + `.wp_wake_lock_key($1::uuid, 'polling'))`,
-		pollSettle:    `SELECT pg_try_advisory_lock(` + s + `.wp_wake_lock_key($1::uuid, 'handshake'))`,
 	}
+	st.pollBegin, st.pollStop, st.pollSettle = pgcall.SelfPollSQL(schema, d)
+	return st
 }
 
 // New returns a Coordinator over pool. It does not touch the database; call

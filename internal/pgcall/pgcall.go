@@ -108,6 +108,19 @@ func DeadCountSQL(schema string) string {
 	return `SELECT count(*) FROM "` + schema + `".wp_dead_letters`
 }
 
+// SelfPollSQL renders the statements of a self-polling period
+// (driver.SelfPolling; see wp_wakeup_needed), each taking the instance id:
+// begin try-locks the polling lock, stop releases it, settle try-locks the
+// hand-shake exclusively. All return one boolean.
+func SelfPollSQL(schema string, ph Placeholder) (begin, stop, settle string) {
+	key := func(lock string) string {
+		return `"` + schema + `".wp_wake_lock_key(` + ph(1) + `::uuid, '` + lock + `')`
+	}
+	return "SELECT pg_try_advisory_lock(" + key("polling") + ")",
+		"SELECT pg_advisory_unlock(" + key("polling") + ")",
+		"SELECT pg_try_advisory_lock(" + key("handshake") + ")"
+}
+
 // VersionSQL reads the applied schema version of schema.
 func VersionSQL(schema string) string {
 	return `SELECT max(version) FROM "` + schema + `".` + migrations.VersionTable
