@@ -3,13 +3,13 @@ package pgxdriver
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/pgcall"
 )
 
 var _ driver.SelfPolling = (*Coordinator)(nil)
@@ -27,87 +27,30 @@ func (c *Coordinator) BeginSelfPolling(ctx context.Context, instanceID uuid.UUID
 	if err != nil {
 		return nil, false, c.sqlErr("BeginSelfPolling", err)
 	}
-	sp := &selfPoll{c: c, conn: conn, id: instanceID}
-	var ok bool
-	if err := conn.QueryRow(ctx, c.sql.pollBegin, instanceID).Scan(&ok); err != nil {
-		sp.discard()
-		return nil, false, c.sqlErr("BeginSelfPolling", err)
-	}
-	if !ok {
-		conn.Release()
-		return nil, false, nil
-	}
-	return sp, true, nil
+	return pgcall.BeginSelfPoll(ctx, poolLockConn{conn: conn, id: instanceID}, c.sql.pollBegin, c.sql.pollStop, c.sql.pollSettle, c.sqlErr)
 }
 
-type selfPoll struct {
-	c    *Coordinator
+// poolLockConn is a self-polling period's pool connection.
+type poolLockConn struct {
+	conn *pgxpool.Conn
 	id   uuid.UUID
-	mu   sync.Mutex
-	conn *pgxpool.Conn // nil once closed
 }
 
-func (p *selfPoll) Stop(ctx context.Context) error {
-	return p.lockCall(ctx, "SelfPoll.Stop", p.c.sql.pollStop, nil)
+func (l poolLockConn) QueryBool(ctx context.Context, sql string) (b bool, err error) {
+	err = l.conn.QueryRow(ctx, sql, l.id).Scan(&b)
+	return b, err
 }
 
-func (p *selfPoll) Settled(ctx context.Context) (bool, error) {
-	var ok bool
-	err := p.lockCall(ctx, "SelfPoll.Settled", p.c.sql.pollSettle, &ok)
-	return ok, err
+func (l poolLockConn) Exec(ctx context.Context, sql string) error {
+	_, err := l.conn.Exec(ctx, sql)
+	return err
 }
 
-// lockCall runs one lock statement on the period's connection.
-func (p *selfPoll) lockCall(ctx context.Context, op, sql string, into *bool) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conn == nil {
-		return fmt.Errorf("pgxdriver: %s: %w", op, driver.ErrClosed)
-	}
-	var b bool
-	if err := p.conn.QueryRow(ctx, sql, p.id).Scan(&b); err != nil {
-		p.discardLocked()
-		return p.c.sqlErr(op, err)
-	}
-	if into != nil {
-		*into = b
-	}
-	return nil
-}
+func (l poolLockConn) Release() { l.conn.Release() }
 
-// Close releases the period's locks and returns the connection to the pool.
-func (p *selfPoll) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conn == nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := p.conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
-		p.discardLocked()
-		return p.c.sqlErr("SelfPoll.Close", err)
-	}
-	p.conn.Release()
-	p.conn = nil
-	return nil
-}
-
-func (p *selfPoll) discard() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.discardLocked()
-}
-
-// discardLocked closes the connection (the server then drops its locks)
-// instead of returning it, locks and all, to the pool.
-func (p *selfPoll) discardLocked() {
-	if p.conn == nil {
-		return
-	}
+func (l poolLockConn) Discard() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = p.conn.Conn().Close(ctx)
-	p.conn.Release()
-	p.conn = nil
+	_ = l.conn.Conn().Close(ctx)
+	l.conn.Release()
 }
