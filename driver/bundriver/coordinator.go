@@ -65,14 +65,7 @@ type statements struct {
 
 func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 	q := pgcall.Question
-	ack := pgcall.Call.AsyncCommitSQL
-	if syncAcks {
-		ack = pgcall.Call.SQL
-	}
-	claim := pgcall.Call.SQL
-	if asyncClaims {
-		claim = pgcall.Call.AsyncCommitSQL
-	}
+	ack, claim := pgcall.CommitModes(syncAcks, asyncClaims)
 	st := statements{
 		completeInTx:  pgcall.Complete.SQL(schema, q),
 		enqueue:       pgcall.Enqueue.SQL(schema, q),

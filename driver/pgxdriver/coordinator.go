@@ -58,14 +58,7 @@ type statements struct {
 
 func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 	s, d := `"`+schema+`"`, pgcall.Dollar
-	ack := pgcall.Call.AsyncCommitSQL
-	if syncAcks {
-		ack = pgcall.Call.SQL
-	}
-	claim := pgcall.Call.SQL
-	if asyncClaims {
-		claim = pgcall.Call.AsyncCommitSQL
-	}
+	ack, claim := pgcall.CommitModes(syncAcks, asyncClaims)
 	st := statements{
 		completeInTx:  pgcall.Complete.SQL(schema, d),
 		enqueue:       pgcall.Enqueue.SQL(schema, d),

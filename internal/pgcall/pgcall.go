@@ -103,6 +103,23 @@ func (c Call) AsyncCommitSQL(schema string, ph Placeholder) string {
 		strings.TrimPrefix(c.SQL(schema, ph), "SELECT * FROM ") + " AS f"
 }
 
+// Renderer renders a Call for a schema and placeholder style.
+type Renderer func(c Call, schema string, ph Placeholder) string
+
+// CommitModes picks how the pump's own calls commit: acknowledgements
+// asynchronously unless syncAcks, claims synchronously unless asyncClaims
+// (the drivers' SynchronousAcks and AsynchronousClaims options).
+func CommitModes(syncAcks, asyncClaims bool) (ack, claim Renderer) {
+	ack, claim = Call.AsyncCommitSQL, Call.SQL
+	if syncAcks {
+		ack = Call.SQL
+	}
+	if asyncClaims {
+		claim = Call.AsyncCommitSQL
+	}
+	return ack, claim
+}
+
 // DeadCountSQL counts the dead letters of schema.
 func DeadCountSQL(schema string) string {
 	return `SELECT count(*) FROM "` + schema + `".wp_dead_letters`
