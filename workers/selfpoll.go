@@ -117,6 +117,3 @@ func (p *selfPoller) close() {
 	}
 	p.sp, p.phase = nil, selfOff
 }
-
-// active reports whether a period is under way.
-func (p *selfPoller) active() bool { return p.phase != selfOff }

@@ -25,10 +25,10 @@ type LockConn interface {
 }
 
 // SelfPoll is a driver.SelfPoll over a LockConn whose polling lock was taken
-// (SelfPollSQL's begin). Err wraps the drivers' errors (MapError).
+// (SelfPollSQL's begin); errf wraps errors the driver's way (MapError).
 type SelfPoll struct {
-	StopSQL, SettleSQL string
-	Err                func(op string, err error) error
+	stopSQL, settleSQL string
+	errf               func(op string, err error) error
 
 	mu   sync.Mutex
 	conn LockConn // nil once closed
@@ -47,32 +47,32 @@ func BeginSelfPoll(ctx context.Context, conn LockConn, beginSQL, stopSQL, settle
 		conn.Release()
 		return nil, false, nil
 	}
-	return &SelfPoll{StopSQL: stopSQL, SettleSQL: settleSQL, Err: errf, conn: conn}, true, nil
+	return &SelfPoll{stopSQL: stopSQL, settleSQL: settleSQL, errf: errf, conn: conn}, true, nil
 }
 
 // Stop releases the polling lock: enqueues signal again from now on.
 func (p *SelfPoll) Stop(ctx context.Context) error {
-	_, err := p.call(ctx, "SelfPoll.Stop", p.StopSQL)
+	_, err := p.call(ctx, "SelfPoll.Stop", p.stopSQL)
 	return err
 }
 
 // Settled try-locks the hand-shake exclusively: true once no enqueue that
 // skipped its signal is open.
 func (p *SelfPoll) Settled(ctx context.Context) (bool, error) {
-	return p.call(ctx, "SelfPoll.Settled", p.SettleSQL)
+	return p.call(ctx, "SelfPoll.Settled", p.settleSQL)
 }
 
 func (p *SelfPoll) call(ctx context.Context, op, sql string) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn == nil {
-		return false, p.Err(op, fmt.Errorf("%w: the period is closed", driver.ErrClosed))
+		return false, p.errf(op, fmt.Errorf("%w: the period is closed", driver.ErrClosed))
 	}
 	b, err := p.conn.QueryBool(ctx, sql)
 	if err != nil {
 		p.conn.Discard()
 		p.conn = nil
-		return false, p.Err(op, err)
+		return false, p.errf(op, err)
 	}
 	return b, nil
 }
@@ -91,7 +91,7 @@ func (p *SelfPoll) Close() error {
 	p.conn = nil
 	if err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
 		conn.Discard()
-		return p.Err("SelfPoll.Close", err)
+		return p.errf("SelfPoll.Close", err)
 	}
 	conn.Release()
 	return nil
