@@ -85,6 +85,7 @@ type scope struct {
 	rows     []*row
 	head     int
 	key      scopeKey
+	st       *streamRow // the stream's entry; nil for a solo scope
 	solo     bool
 	readyIdx int    // index in the ready set's heap, -1 when absent
 	inFifo   bool   // in the ready set's FIFO
@@ -403,15 +404,17 @@ type catStore struct {
 	parked     parkHeap
 	parkedLive int // scopes currently parked (len(parked) minus stale items)
 	nextSeq    int64
-	pending    int // unprocessed rows
+	pending    int         // unprocessed rows
+	streams    streamTable // the store's, shared by every category
 }
 
-func newCatStore(c driver.Category) *catStore {
+func newCatStore(c driver.Category, streams streamTable) *catStore {
 	return &catStore{
-		cat:    c,
-		byName: c.OrderedByName(),
-		rows:   make(map[uuid.UUID]*row),
-		scopes: make(map[scopeKey]*scope),
+		cat:     c,
+		byName:  c.OrderedByName(),
+		rows:    make(map[uuid.UUID]*row),
+		scopes:  make(map[scopeKey]*scope),
+		streams: streams,
 	}
 }
 
@@ -436,7 +439,8 @@ func (c *catStore) insert(r *row, now time.Time) {
 	sc := c.scopes[key]
 	fresh := sc == nil
 	if fresh {
-		sc = &scope{key: key, readyIdx: -1}
+		sc = &scope{key: key, readyIdx: -1, st: c.streams.of(r.w.StreamID)}
+		sc.st.scopes++
 		c.scopes[key] = sc
 	}
 	sc.rows = append(sc.rows, r)
@@ -476,6 +480,8 @@ func (c *catStore) touch(sc *scope, now time.Time) {
 		sc.gen++
 		if !sc.solo && c.scopes[sc.key] == sc {
 			delete(c.scopes, sc.key)
+			sc.st.scopes--
+			c.streams.dropIfEmpty(sc.key.stream, sc.st)
 		}
 		return
 	}

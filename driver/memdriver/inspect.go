@@ -207,7 +207,7 @@ func (s *Store) Purge(ctx context.Context, req driver.PurgeRequest) (driver.Purg
 		for id, st := range s.streams {
 			if st.row && st.expiry.Before(cut) {
 				st.endRow()
-				s.dropIfEmpty(id, st)
+				s.streams.dropIfEmpty(id, st)
 				res.Streams++
 			}
 		}

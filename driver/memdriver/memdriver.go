@@ -52,7 +52,7 @@ type Store struct {
 	sigBuf     int
 
 	cats        [4]*catStore
-	streams     map[string]*streamRow
+	streams     streamTable
 	instances   map[uuid.UUID]*instanceRow
 	live        []uuid.UUID // registered instance ids in UUID byte order (rank order)
 	deadLetters []driver.DeadLetter
@@ -69,16 +69,14 @@ type Store struct {
 
 // streamRow is a stream's state, shared by all categories: its ownership
 // row (while row is true) and how many of its rows each instance holds
-// leased, so that ownership can end with the owner's last leased row. The
-// entry lives while either exists: Purge deletes the ownership row, not the
-// counts. One entry keeps the claim and completion of a stream's row to one
-// map lookup each.
+// leased, so that ownership can end with the owner's last leased row.
 type streamRow struct {
 	row    bool
 	owner  uuid.UUID // zero once the owner was evicted, and while !row
 	expiry time.Time
 	held   streamHold   // the usual single holder, kept inline (no allocation)
 	more   []streamHold // holders beyond it (ownership moved while rows stayed leased)
+	scopes int          // order scopes (of any category) with pending rows that point here
 }
 
 type streamHold struct {
@@ -145,20 +143,28 @@ func (st *streamRow) endRow() {
 	st.row, st.owner, st.expiry = false, uuid.Nil, time.Time{}
 }
 
-// streamOf returns stream's entry, creating it.
-func (s *Store) streamOf(stream string) *streamRow {
-	st := s.streams[stream]
+// streamTable holds the streams' entries. An entry lives while it has an
+// ownership row, leased rows, or pending rows: every order scope with
+// pending rows points at its stream's entry, so claiming and completing a
+// stream's rows follow that pointer instead of looking the stream up by
+// name (and a burst of one-row streams does not insert and delete an entry
+// per row). Purge deletes the ownership row, not the entry.
+type streamTable map[string]*streamRow
+
+// of returns stream's entry, creating it.
+func (t streamTable) of(stream string) *streamRow {
+	st := t[stream]
 	if st == nil {
 		st = &streamRow{}
-		s.streams[stream] = st
+		t[stream] = st
 	}
 	return st
 }
 
-// dropIfEmpty forgets stream's entry once it has neither row nor holds.
-func (s *Store) dropIfEmpty(stream string, st *streamRow) {
-	if !st.row && !st.holding() {
-		delete(s.streams, stream)
+// dropIfEmpty forgets stream's entry once nothing keeps it.
+func (t streamTable) dropIfEmpty(stream string, st *streamRow) {
+	if !st.row && !st.holding() && st.scopes == 0 {
+		delete(t, stream)
 	}
 }
 
@@ -188,7 +194,7 @@ func New(opts Options) *Store {
 		nowFn:      opts.Now,
 		partitions: opts.PartitionCount,
 		sigBuf:     opts.SignalBuffer,
-		streams:    make(map[string]*streamRow),
+		streams:    make(streamTable),
 		instances:  make(map[uuid.UUID]*instanceRow),
 		subs:       make(map[uuid.UUID][]*subscription),
 		locks:      make(map[uuid.UUID]*aliveLock),
@@ -203,7 +209,7 @@ func New(opts Options) *Store {
 		s.sigBuf = 64
 	}
 	for i, c := range driver.Categories {
-		s.cats[i] = newCatStore(c)
+		s.cats[i] = newCatStore(c, s.streams)
 	}
 	return s
 }
@@ -260,15 +266,13 @@ func (s *Store) checkRegistered(id uuid.UUID) error {
 	return nil
 }
 
-// claimer returns the instance that may claim a row of stream (or of a
-// streamless row) with partition: the live owner of an unexpired stream
+// claimer returns the instance that may claim a row of the stream whose
+// entry is st (nil for a streamless row) with partition: the live owner of an unexpired stream
 // lease, else the instance whose rank is partition mod liveCount; uuid.Nil
 // when no instance is registered.
-func (s *Store) claimer(stream string, partition int, now time.Time) uuid.UUID {
-	if stream != "" {
-		if st := s.streams[stream]; st != nil && st.owner != uuid.Nil && !st.expiry.Before(now) && s.instances[st.owner] != nil {
-			return st.owner
-		}
+func (s *Store) claimer(st *streamRow, partition int, now time.Time) uuid.UUID {
+	if st != nil && st.owner != uuid.Nil && !st.expiry.Before(now) && s.instances[st.owner] != nil {
+		return st.owner
 	}
 	if len(s.live) == 0 {
 		return uuid.Nil

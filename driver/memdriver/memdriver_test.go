@@ -650,7 +650,7 @@ func refClaim(s *Store, c driver.Category, me uuid.UUID, now time.Time, max int)
 		if r.w.StreamID != "" && blocked[k] {
 			continue
 		}
-		if claimableByTime(r, now) && s.claimer(r.w.StreamID, r.w.Partition, now) == me {
+		if claimableByTime(r, now) && s.claimer(s.streams[r.w.StreamID], r.w.Partition, now) == me {
 			out = append(out, r.w.ID)
 		} else if r.w.StreamID != "" {
 			blocked[k] = true
@@ -661,9 +661,11 @@ func refClaim(s *Store, c driver.Category, me uuid.UUID, now time.Time, max int)
 
 // checkHeld recounts the leased rows per (stream, instance), compares them
 // with the streams' hold counts, and checks the entries' invariants: an
-// entry exists only with an ownership row or holds, a stream without an
-// ownership row has no owner, and every stream owner holds at least one row
-// of its stream.
+// entry exists only with an ownership row, holds or order scopes, its scope
+// count is the number of scopes (over all categories) pointing at it, every
+// scope points at the entry of its stream, a stream without an ownership
+// row has no owner, and every stream owner holds at least one row of its
+// stream.
 func checkHeld(t *testing.T, s *Store, step int) {
 	t.Helper()
 	s.mu.Lock()
@@ -680,6 +682,15 @@ func checkHeld(t *testing.T, s *Store, step int) {
 			}
 		}
 	}
+	scopes := map[string]int{}
+	for _, c := range s.cats {
+		for k, sc := range c.scopes {
+			if sc.st == nil || s.streams[k.stream] != sc.st {
+				t.Fatalf("step %d: scope %+v points at %p, stream entry is %p", step, k, sc.st, s.streams[k.stream])
+			}
+			scopes[k.stream]++
+		}
+	}
 	got := map[holdKey]int{}
 	for name, st := range s.streams {
 		for _, h := range st.holds() {
@@ -688,8 +699,11 @@ func checkHeld(t *testing.T, s *Store, step int) {
 			}
 			got[holdKey{name, h.id}] += h.n
 		}
-		if !st.row && !st.holding() {
-			t.Fatalf("step %d: stream %q kept with neither ownership row nor holds", step, name)
+		if !st.row && !st.holding() && st.scopes == 0 {
+			t.Fatalf("step %d: stream %q kept with neither ownership row, holds nor scopes", step, name)
+		}
+		if st.scopes != scopes[name] {
+			t.Fatalf("step %d: stream %q counts %d scopes, %d point at it", step, name, st.scopes, scopes[name])
 		}
 		if !st.row && (st.owner != uuid.Nil || !st.expiry.IsZero()) {
 			t.Fatalf("step %d: stream %q has an owner but no ownership row", step, name)

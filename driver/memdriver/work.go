@@ -63,7 +63,7 @@ func (s *Store) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUI
 		if r.w.ScheduledFor.After(now) {
 			continue
 		}
-		to := s.claimer(r.w.StreamID, r.w.Partition, now)
+		to := s.claimer(r.sc.st, r.w.Partition, now)
 		if to == uuid.Nil {
 			continue
 		}
@@ -136,7 +136,7 @@ func (s *Store) claimCategory(c *catStore, me uuid.UUID, now, leaseExp time.Time
 				continue
 			}
 			h := sc.rows[sc.cursor]
-			if s.claimer(h.w.StreamID, h.w.Partition, now) != me {
+			if s.claimer(sc.st, h.w.Partition, now) != me {
 				continue
 			}
 		}
@@ -203,10 +203,8 @@ func (s *Store) RenewLeases(ctx context.Context, req driver.RenewRequest) (drive
 			r.renewMark = mark
 			r.w.LeaseExpiry = exp
 			res.Renewed++
-			if r.w.StreamID != "" {
-				if st := s.streams[r.w.StreamID]; st != nil && st.owner == req.InstanceID {
-					st.expiry = exp
-				}
+			if st := r.sc.st; st != nil && st.owner == req.InstanceID {
+				st.expiry = exp
 			}
 			continue
 		}
@@ -229,9 +227,8 @@ func holds(r *row, id uuid.UUID, attempts int) bool {
 // lease leases r to id until exp and returns its stream's entry (nil for
 // a row without a stream).
 func (s *Store) lease(r *row, id uuid.UUID, exp time.Time) *streamRow {
-	var st *streamRow
-	if r.w.StreamID != "" {
-		st = s.streamOf(r.w.StreamID)
+	st := r.sc.st
+	if st != nil {
 		if r.instance != uuid.Nil {
 			st.unhold(r.instance) // re-issue of an expired lease
 		}
@@ -255,17 +252,14 @@ func (s *Store) settle(r *row, owner uuid.UUID) {
 	holder := r.instance
 	r.instance = uuid.Nil
 	r.w.LeaseExpiry = time.Time{}
-	if r.w.StreamID == "" || holder == uuid.Nil {
-		return
-	}
-	st := s.streams[r.w.StreamID]
-	if st == nil {
+	st := r.sc.st
+	if st == nil || holder == uuid.Nil {
 		return
 	}
 	if st.unhold(holder) && owner != uuid.Nil && st.row && st.owner == owner {
 		st.endRow()
 	}
-	s.dropIfEmpty(r.w.StreamID, st)
+	s.streams.dropIfEmpty(r.w.StreamID, st)
 }
 
 func checkInstanceArg(id uuid.UUID) error {
