@@ -14,8 +14,10 @@ func enqueueCases() []testCase {
 	return []testCase{
 		{name: "Enqueue/AssignsUUIDv7WhenIDZero", run: enqueueAssignsIDs},
 		{name: "Enqueue/ReturnsIDsInInputOrder", run: enqueueReturnsInOrder},
-		{name: "Enqueue/StoresAllFields", partitions: driver.DefaultPartitionCount, run: enqueueStoresAllFields},
-		{name: "Enqueue/SeqFollowsEnqueueOrder", run: enqueueSeqOrder},
+		{name: "Enqueue/StoresAllFields", partitions: driver.DefaultPartitionCount, run: func(e *env) { enqueueStoresAllFields(e, false) }},
+		{name: "Enqueue/StoresAllFieldsWithAssignedIDs", partitions: driver.DefaultPartitionCount, run: func(e *env) { enqueueStoresAllFields(e, true) }},
+		{name: "Enqueue/SeqFollowsEnqueueOrder", run: func(e *env) { enqueueSeqOrder(e, false) }},
+		{name: "Enqueue/SeqFollowsEnqueueOrderWithAssignedIDs", run: func(e *env) { enqueueSeqOrder(e, true) }},
 		{name: "Enqueue/IdempotentWhilePending", run: enqueueIdempotentPending},
 		{name: "Enqueue/IdempotentWhileLeased", run: enqueueIdempotentLeased},
 		{name: "Enqueue/InboxDedupesAfterCompletion", run: enqueueInboxDedupe},
@@ -152,7 +154,11 @@ func (e *env) wantStoredAs(what string, got driver.Work, want driver.NewWork, cr
 	}
 }
 
-func enqueueStoresAllFields(e *env) {
+// enqueueStoresAllFields checks every stored field; assigned leaves the ids
+// to the store (drivers may write such batches another way, e.g. COPY),
+// in one batch that mixes the categories, with and without stream, payload,
+// metadata and schedule.
+func enqueueStoresAllFields(e *env, assigned bool) {
 	a := e.instances(1)[0]
 	var ws []driver.NewWork
 	due := e.now().Add(90 * time.Second)
@@ -163,10 +169,23 @@ func enqueueStoresAllFields(e *env) {
 		free := item(c, "")
 		free.Metadata = nil
 		free.Payload = []byte{0, 1, 2, 0xff, 0xfe, 0} // binary-safe
-		ws = append(ws, streamed, free)
+		bare := item(c, "bare/"+string(c))
+		bare.Name, bare.MessageType, bare.Payload, bare.Metadata = "", "", nil, nil
+		bare.ScheduledFor = due.Add(-time.Hour) // in the past: due at once, kept as given
+		ws = append(ws, streamed, free, bare)
+	}
+	if assigned {
+		for i := range ws {
+			ws[i].ID = uuid.Nil
+		}
 	}
 	created := e.now()
-	e.enqueue(ws...)
+	ids := e.enqueue(ws...)
+	if assigned {
+		for i := range ws {
+			ws[i].ID = ids[i]
+		}
+	}
 	for _, w := range ws {
 		got := e.get(w.Category, w.ID)
 		e.wantStored("GetWork after Enqueue", got.Work, w, created)
@@ -192,13 +211,23 @@ func enqueueStoresAllFields(e *env) {
 	}
 }
 
-func enqueueSeqOrder(e *env) {
+// enqueueSeqOrder: Seq follows item order within a call and call order
+// across calls; assigned leaves the ids to the store.
+func enqueueSeqOrder(e *env, assigned bool) {
 	for _, c := range driver.Categories {
 		var order []driver.NewWork
 		for range 3 {
 			batch := items(c, "seq", 2)
 			batch = append(batch, item(c, ""))
-			e.enqueue(batch...)
+			if assigned {
+				for i := range batch {
+					batch[i].ID = uuid.Nil
+				}
+			}
+			ids := e.enqueue(batch...)
+			for i := range batch {
+				batch[i].ID = ids[i]
+			}
 			order = append(order, batch...)
 		}
 		last := int64(0)

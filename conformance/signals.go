@@ -14,6 +14,7 @@ func signalCases() []testCase {
 		{name: "Signals/EnqueueWakesOnlyTheRankOwner", needs: needSignals, run: signalRankOwner},
 		{name: "Signals/EnqueueWakesTheStreamOwner", needs: needSignals, run: signalStreamOwner},
 		{name: "Signals/ScheduledEnqueueSendsNothing", needs: needSignals, run: signalScheduled},
+		{name: "Signals/AssignedIDBatchWakesItsClaimers", needs: needSignals, run: signalAssignedIDs},
 		{name: "Signals/CleanupSendsOrphanToSurvivors", needs: needSignals, run: signalCleanupOrphan},
 		{name: "Signals/DeregisterSendsOrphanToSurvivors", needs: needSignals, run: signalDeregisterOrphan},
 		{name: "Signals/KilledListenerReportsGateUnavailable", needs: needSignals | needFaults, run: signalKilled},
@@ -126,6 +127,28 @@ func signalScheduled(e *env) {
 	e.enqueue(later)
 	e.enqueue(item(driver.Inbox, "now"))
 	e.wantWake(sb, "B", work(driver.Inbox)) // not the scheduled outbox item
+}
+
+// signalAssignedIDs: a batch whose ids the store assigns (drivers may write
+// it another way, e.g. COPY) wakes the instance that will claim each due
+// item, and nobody for a scheduled one.
+func signalAssignedIDs(e *env) {
+	live := e.instances(2)
+	a, b := live[0], live[1]
+	sa, sb := e.listen(a), e.listen(b)
+	later := item(driver.Outbox, e.streamFor("later", live, a))
+	later.ScheduledFor = e.now().Add(time.Minute)
+	batch := []driver.NewWork{later, item(driver.Inbox, e.streamFor("to-b", live, b)), item(driver.PerspectiveEvent, e.streamFor("to-b2", live, b))}
+	for i := range batch {
+		batch[i].ID = uuid.Nil
+	}
+	e.enqueue(batch...)
+	e.enqueue(item(driver.Receptor, e.streamFor("to-a", live, a)))
+	e.wantWake(sa, "A", work(driver.Receptor)) // not the scheduled outbox item
+	got := map[driver.Signal]bool{e.nextWake(sb, "B"): true, e.nextWake(sb, "B"): true}
+	if !got[work(driver.Inbox)] || !got[work(driver.PerspectiveEvent)] {
+		e.t.Fatalf("B's wake-ups after the batch: %v, want inbox and perspective_event work", got)
+	}
 }
 
 func signalCleanupOrphan(e *env) {

@@ -122,6 +122,17 @@ func Table(category string) string {
 	return ""
 }
 
+// KeyColumn returns the key column of a category's table ("outbox" →
+// "message_id"), or "" for an unknown category.
+func KeyColumn(category string) string {
+	for _, c := range categories {
+		if c.Name == category {
+			return c.Key
+		}
+	}
+	return ""
+}
+
 type tmplData struct {
 	S       string // quoted schema
 	Lit     string // schema as a string literal

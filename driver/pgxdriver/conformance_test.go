@@ -30,8 +30,9 @@ func TestMain(m *testing.M) {
 
 // harness makes one fresh schema and Coordinator per conformance case.
 // simple selects a simple-protocol pool (the PgBouncer mode), where the
-// listener is off and so are the capabilities that need it.
-type harness struct{ simple bool }
+// listener is off and so are the capabilities that need it; copyAll sends
+// every enqueue of driver-assigned ids down the COPY path.
+type harness struct{ simple, copyAll bool }
 
 func (h harness) Capabilities() conformance.Capabilities {
 	if h.simple {
@@ -42,6 +43,9 @@ func (h harness) Capabilities() conformance.Capabilities {
 
 func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
 	c := newTestCoordinator(t, h.simple, cfg.Now, cfg.PartitionCount)
+	if h.copyAll {
+		c.opts.EnqueueCopyThreshold = 1
+	}
 	st := conformance.Store{Coordinator: c}
 	if !h.simple {
 		st.Faults = &faults{t: t, c: c}
@@ -168,4 +172,11 @@ func TestConformance(t *testing.T) {
 
 func TestConformanceSimpleProtocol(t *testing.T) {
 	conformance.Run(t, harness{simple: true})
+}
+
+// TestConformanceCopyEnqueue runs the suite with every enqueue of new items
+// written by COPY, in both protocols.
+func TestConformanceCopyEnqueue(t *testing.T) {
+	t.Run("extended", func(t *testing.T) { conformance.Run(t, harness{copyAll: true}) })
+	t.Run("simple", func(t *testing.T) { conformance.Run(t, harness{simple: true, copyAll: true}) })
 }

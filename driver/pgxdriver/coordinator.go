@@ -1,10 +1,12 @@
 package pgxdriver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,7 +50,9 @@ var (
 // extended and the simple protocol.
 type statements struct {
 	enqueue, claim, renew, complete, fail, release            string
-	completeInTx                                              string // complete inside a caller's transaction
+	enqueuePrepare                                            string   // the COPY path's first step (enqueueCopy)
+	copyInto                                                  []string // COPY statement per category, in driver.Categories order
+	completeInTx                                              string   // complete inside a caller's transaction
 	heartbeat, cleanup, deregister, purge                     string
 	getWork, listInstances, listDead, streamOwner             string
 	stats, statsLeases, deadCount, version, aliveKey, tryLock string
@@ -60,30 +64,34 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 	s, d := `"`+schema+`"`, pgcall.Dollar
 	ack, claim := pgcall.CommitModes(syncAcks, asyncClaims)
 	st := statements{
-		completeInTx:  pgcall.Complete.SQL(schema, d),
-		enqueue:       pgcall.Enqueue.SQL(schema, d),
-		claim:         claim(pgcall.Claim, schema, d),
-		renew:         ack(pgcall.Renew, schema, d),
-		complete:      ack(pgcall.Complete, schema, d),
-		fail:          ack(pgcall.Fail, schema, d),
-		release:       ack(pgcall.Release, schema, d),
-		heartbeat:     pgcall.Heartbeat.SQL(schema, d),
-		cleanup:       pgcall.Cleanup.SQL(schema, d),
-		deregister:    pgcall.Deregister.SQL(schema, d),
-		purge:         pgcall.Purge.SQL(schema, d),
-		getWork:       pgcall.GetWork.SQL(schema, d),
-		listInstances: pgcall.InstanceStates.SQL(schema, d),
-		listDead:      pgcall.ListDead.SQL(schema, d),
-		streamOwner:   pgcall.StreamOwner.SQL(schema, d),
-		stats:         pgcall.Stats.SQL(schema, d),
-		statsLeases:   pgcall.StatsLeases.SQL(schema, d),
-		deadCount:     pgcall.DeadCountSQL(schema),
-		version:       pgcall.VersionSQL(schema),
-		aliveKey:      `SELECT ` + s + `.wp_alive_lock_key($1::uuid)`,
-		tryLock:       `SELECT pg_try_advisory_lock(` + s + `.wp_alive_lock_key($1::uuid))`,
-		unlock:        `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key($1::uuid))`,
+		completeInTx:   pgcall.Complete.SQL(schema, d),
+		enqueue:        pgcall.Enqueue.SQL(schema, d),
+		enqueuePrepare: pgcall.EnqueuePrepare.SQL(schema, d),
+		claim:          claim(pgcall.Claim, schema, d),
+		renew:          ack(pgcall.Renew, schema, d),
+		complete:       ack(pgcall.Complete, schema, d),
+		fail:           ack(pgcall.Fail, schema, d),
+		release:        ack(pgcall.Release, schema, d),
+		heartbeat:      pgcall.Heartbeat.SQL(schema, d),
+		cleanup:        pgcall.Cleanup.SQL(schema, d),
+		deregister:     pgcall.Deregister.SQL(schema, d),
+		purge:          pgcall.Purge.SQL(schema, d),
+		getWork:        pgcall.GetWork.SQL(schema, d),
+		listInstances:  pgcall.InstanceStates.SQL(schema, d),
+		listDead:       pgcall.ListDead.SQL(schema, d),
+		streamOwner:    pgcall.StreamOwner.SQL(schema, d),
+		stats:          pgcall.Stats.SQL(schema, d),
+		statsLeases:    pgcall.StatsLeases.SQL(schema, d),
+		deadCount:      pgcall.DeadCountSQL(schema),
+		version:        pgcall.VersionSQL(schema),
+		aliveKey:       `SELECT ` + s + `.wp_alive_lock_key($1::uuid)`,
+		tryLock:        `SELECT pg_try_advisory_lock(` + s + `.wp_alive_lock_key($1::uuid))`,
+		unlock:         `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key($1::uuid))`,
 	}
 	st.pollBegin, st.pollStop, st.pollSettle = pgcall.SelfPollSQL(schema, d)
+	for _, c := range driver.Categories {
+		st.copyInto = append(st.copyInto, pgcall.CopySQL(schema, string(c)))
+	}
 	return st
 }
 
@@ -256,12 +264,51 @@ func (c *Coordinator) enqueue(ctx context.Context, q querier, items []driver.New
 		}
 		return nil, fmt.Errorf("pgxdriver: %w", err)
 	}
+	if a.NewIDs && len(items) >= c.opts.EnqueueCopyThreshold {
+		if err := c.enqueueCopy(ctx, q, ids, a); err != nil {
+			return nil, err
+		}
+		return ids, nil
+	}
 	var inserted int
 	if err := q.QueryRow(ctx, c.sql.enqueue, a.Categories, uuidArray(q, ids), a.Streams, a.Partitions, a.Names, a.Types,
 		a.Payloads, a.Metadata, a.ScheduledFor, c.nowArg(), a.NewIDs).Scan(&inserted); err != nil {
 		return nil, c.sqlErr("Enqueue", err)
 	}
 	return ids, nil
+}
+
+// enqueueCopy writes a batch of new items with COPY (see internal/pgcall's
+// copy.go): wp_enqueue_prepare, then one COPY per category, in q's
+// transaction or in one of its own.
+func (c *Coordinator) enqueueCopy(ctx context.Context, q querier, ids []uuid.UUID, a pgcall.EnqueueArgs) (err error) {
+	tx, inTx := q.(pgx.Tx)
+	if !inTx {
+		if tx, err = c.pool.Begin(ctx); err != nil {
+			return c.sqlErr("Enqueue", err)
+		}
+		defer func() {
+			if err != nil {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+			}
+		}()
+	}
+	var created time.Time
+	if err := tx.QueryRow(ctx, c.sql.enqueuePrepare, a.Categories, a.Streams, a.Partitions, a.ScheduledFor, c.nowArg()).Scan(&created); err != nil {
+		return c.sqlErr("Enqueue", err)
+	}
+	for _, g := range pgcall.CopyGroups(a) {
+		data := pgcall.EncodeCopy(ids, a, created, g)
+		if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(data), c.sql.copyInto[slices.Index(driver.Categories, driver.Category(g.Category))]); err != nil {
+			return c.sqlErr("Enqueue", err)
+		}
+	}
+	if !inTx {
+		if err := tx.Commit(ctx); err != nil {
+			return c.sqlErr("Enqueue", err)
+		}
+	}
+	return nil
 }
 
 // ---- claim ----

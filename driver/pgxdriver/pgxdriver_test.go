@@ -590,10 +590,20 @@ func TestSimpleProtocolListenerWithDirectDSN(t *testing.T) {
 	}
 }
 
+// enqueuePaths runs f for both ways of writing a batch of new items: the
+// INSERT of wp_enqueue and COPY (EnqueueCopyThreshold).
+func enqueuePaths(t *testing.T, f func(t *testing.T, useCopy func(*Coordinator))) {
+	t.Run("insert", func(t *testing.T) { f(t, func(*Coordinator) {}) })
+	t.Run("copy", func(t *testing.T) { f(t, func(c *Coordinator) { c.opts.EnqueueCopyThreshold = 1 }) })
+}
+
 // TestEnqueueTx: rows and their NOTIFY become visible only at commit; a
 // rollback leaves nothing behind.
-func TestEnqueueTx(t *testing.T) {
+func TestEnqueueTx(t *testing.T) { enqueuePaths(t, testEnqueueTx) }
+
+func testEnqueueTx(t *testing.T, useCopy func(*Coordinator)) {
 	c, a, sub := listening(t)
+	useCopy(c)
 	ctx := context.Background()
 
 	tx, err := c.pool.Begin(ctx)
@@ -641,8 +651,11 @@ func TestEnqueueTx(t *testing.T) {
 // stream is open, claims skip that stream (its next row could still get an
 // earlier commit position), a concurrent enqueue of the same stream waits,
 // and the committed order is the seq order.
-func TestOpenEnqueueHoldsItsStream(t *testing.T) {
+func TestOpenEnqueueHoldsItsStream(t *testing.T) { enqueuePaths(t, testOpenEnqueueHoldsItsStream) }
+
+func testOpenEnqueueHoldsItsStream(t *testing.T, useCopy func(*Coordinator)) {
 	c := newTestCoordinator(t, false, nil, 0)
+	useCopy(c)
 	ctx := context.Background()
 	a := uuid.Must(uuid.NewV7())
 	register(t, c, a)

@@ -51,6 +51,7 @@ type Call struct {
 // (with defaults in SQL, so older call texts keep working).
 var (
 	Enqueue        = Call{"wp_enqueue", []string{"text[]", "uuid[]", "text[]", "integer[]", "text[]", "text[]", "bytea[]", "text[]", "timestamptz[]", "timestamptz", "boolean"}, false}
+	EnqueuePrepare = Call{"wp_enqueue_prepare", []string{"text[]", "text[]", "integer[]", "timestamptz[]", "timestamptz"}, false}
 	Claim          = Call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz"}, true}
 	Renew          = Call{"wp_renew_leases", []string{"uuid", "text", "uuid[]", "bigint", "timestamptz"}, true}
 	Complete       = Call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}

@@ -15,6 +15,7 @@ DROP FUNCTION IF EXISTS {{.S}}.wp_fail;
 DROP FUNCTION IF EXISTS {{.S}}.wp_complete;
 DROP FUNCTION IF EXISTS {{.S}}.wp_renew_leases;
 DROP FUNCTION IF EXISTS {{.S}}.wp_claim_work;
+DROP FUNCTION IF EXISTS {{.S}}.wp_enqueue_prepare;
 DROP FUNCTION IF EXISTS {{.S}}.wp_enqueue;
 DROP FUNCTION IF EXISTS {{.S}}.wp_settle_streams;
 DROP FUNCTION IF EXISTS {{.S}}.wp_release_instances;

@@ -155,6 +155,53 @@ BEGIN
 END
 $fn$;
 
+{{/* Blocks shared by wp_enqueue and wp_enqueue_prepare (rendered into
+both, so neither pays a nested call). */}}
+{{- define "enqueueLockStreams"}}
+    -- Serialize with other enqueues and claims of the same streams until
+    -- the caller commits (sorted, so one call cannot deadlock itself).
+    -- Existing lock rows are locked first (the common case: one
+    -- statement); missing ones are created, then locked too (a row another
+    -- enqueue created meanwhile conflicts, and is locked after its commit).
+    v_streams := ARRAY(SELECT DISTINCT s COLLATE "C" FROM unnest(p_streams) s WHERE s <> '' ORDER BY 1);
+    IF cardinality(v_streams) > 0 THEN
+        v_locked := ARRAY(SELECT l.stream_id FROM {{.S}}.wp_stream_locks l
+                           WHERE l.stream_id = ANY (v_streams)
+                           ORDER BY l.stream_id
+                             FOR NO KEY UPDATE);
+        IF cardinality(v_locked) < cardinality(v_streams) THEN
+            v_missing := ARRAY(SELECT s FROM unnest(v_streams) s
+                                WHERE s NOT IN (SELECT unnest(v_locked)) ORDER BY s COLLATE "C");
+            INSERT INTO {{.S}}.wp_stream_locks (stream_id)
+            SELECT s FROM unnest(v_missing) s ORDER BY s COLLATE "C"
+            ON CONFLICT (stream_id) DO NOTHING;
+            PERFORM 1 FROM {{.S}}.wp_stream_locks l
+              WHERE l.stream_id = ANY (v_missing)
+              ORDER BY l.stream_id
+                FOR NO KEY UPDATE;
+        END IF;
+    END IF;
+{{- end}}
+{{- define "enqueueLive"}}
+        SELECT array_agg(i.instance_id ORDER BY i.instance_id) INTO v_live FROM {{.S}}.wp_service_instances i;
+{{- end}}
+{{- define "enqueueNotify"}}
+        -- NOTIFY the instance that will claim each due item (w_cat, w_stream,
+        -- w_part): the live stream owner, else the rank owner.
+        IF v_live IS NOT NULL THEN
+            PERFORM pg_notify({{.S}}.wp_channel(x.target), x.cat)
+               FROM (SELECT DISTINCT u.cat,
+                            COALESCE(CASE WHEN u.stream_id <> '' THEN
+                                         (SELECT own.assigned_instance_id
+                                            FROM {{.S}}.wp_active_streams own
+                                           WHERE own.stream_id = u.stream_id AND own.lease_expiry >= v_now
+                                             AND (own.assigned_instance_id = ANY (v_live)) IS TRUE) END,
+                                     v_live[(u.part % cardinality(v_live)) + 1]) AS target
+                       FROM unnest(w_cat, w_stream, w_part) AS u(cat, stream_id, part)) x
+              WHERE {{.S}}.wp_wakeup_needed(x.target);
+        END IF;
+{{- end}}
+
 -- wp_enqueue stores new work (parallel arrays, one element per item) and
 -- returns the number of rows inserted. An id already present in its table is
 -- skipped (ON CONFLICT DO NOTHING): inbox rows stay after processing, so a
@@ -214,30 +261,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM unnest(p_categories) c WHERE c IS NULL OR c NOT IN ({{.CatList}})) THEN
         RAISE EXCEPTION 'workpump: wp_enqueue: unknown category in p_categories' USING ERRCODE = 'WP002';
     END IF;
-
-    -- Serialize with other enqueues and claims of the same streams until
-    -- the caller commits (sorted, so one call cannot deadlock itself).
-    -- Existing lock rows are locked first (the common case: one
-    -- statement); missing ones are created, then locked too (a row another
-    -- enqueue created meanwhile conflicts, and is locked after its commit).
-    v_streams := ARRAY(SELECT DISTINCT s COLLATE "C" FROM unnest(p_streams) s WHERE s <> '' ORDER BY 1);
-    IF cardinality(v_streams) > 0 THEN
-        v_locked := ARRAY(SELECT l.stream_id FROM {{.S}}.wp_stream_locks l
-                           WHERE l.stream_id = ANY (v_streams)
-                           ORDER BY l.stream_id
-                             FOR NO KEY UPDATE);
-        IF cardinality(v_locked) < cardinality(v_streams) THEN
-            v_missing := ARRAY(SELECT s FROM unnest(v_streams) s
-                                WHERE s NOT IN (SELECT unnest(v_locked)) ORDER BY s COLLATE "C");
-            INSERT INTO {{.S}}.wp_stream_locks (stream_id)
-            SELECT s FROM unnest(v_missing) s ORDER BY s COLLATE "C"
-            ON CONFLICT (stream_id) DO NOTHING;
-            PERFORM 1 FROM {{.S}}.wp_stream_locks l
-              WHERE l.stream_id = ANY (v_missing)
-              ORDER BY l.stream_id
-                FOR NO KEY UPDATE;
-        END IF;
-    END IF;
+{{template "enqueueLockStreams" .}}
 {{range $c := .Cats}}
     IF '{{$c.Name}}' = ANY (p_categories) THEN
 {{- range $dedupe := $.Dedupe}}
@@ -272,21 +296,66 @@ BEGIN
     END IF;
 {{end}}
     IF cardinality(w_cat) > 0 THEN
-        SELECT array_agg(i.instance_id ORDER BY i.instance_id) INTO v_live FROM {{.S}}.wp_service_instances i;
-        IF v_live IS NOT NULL THEN
-            PERFORM pg_notify({{.S}}.wp_channel(x.target), x.cat)
-               FROM (SELECT DISTINCT u.cat,
-                            COALESCE(CASE WHEN u.stream_id <> '' THEN
-                                         (SELECT own.assigned_instance_id
-                                            FROM {{.S}}.wp_active_streams own
-                                           WHERE own.stream_id = u.stream_id AND own.lease_expiry >= v_now
-                                             AND (own.assigned_instance_id = ANY (v_live)) IS TRUE) END,
-                                     v_live[(u.part % cardinality(v_live)) + 1]) AS target
-                       FROM unnest(w_cat, w_stream, w_part) AS u(cat, stream_id, part)) x
-              WHERE {{.S}}.wp_wakeup_needed(x.target);
-        END IF;
+{{- template "enqueueLive" .}}
+{{- template "enqueueNotify" .}}
     END IF;
     RETURN v_total;
+END
+$fn$;
+
+-- wp_enqueue_prepare is wp_enqueue without the insert, for a caller that
+-- then writes the rows itself with COPY, in the same transaction (parallel
+-- arrays as wp_enqueue's; every id generated for the call). It checks the
+-- categories, locks the items' streams until the caller's transaction
+-- ends, NOTIFYs the instances that will claim the due items, and returns
+-- the created_at to store (the database clock, or p_now). The COPY leaves
+-- seq to its default: nextval per row, in row order, after these locks, so
+-- a stream's rows still commit in seq order; and since nextval is the one
+-- volatile default COPY allows in its multi-row inserts, Postgres writes the
+-- rows a page at a time instead of one by one.
+CREATE FUNCTION {{.S}}.wp_enqueue_prepare(
+    p_categories    text[],
+    p_streams       text[],
+    p_partitions    integer[],
+    p_scheduled_for timestamptz[],
+    p_now           timestamptz DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET jit = off
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := COALESCE(p_now, now());
+    v_n       integer := cardinality(p_categories);
+    v_streams text[];
+    v_locked  text[];
+    v_missing text[];
+    v_live    uuid[];
+    w_cat     text[];
+    w_stream  text[];
+    w_part    integer[];
+BEGIN
+    IF v_n IS NULL OR v_n = 0 THEN
+        RETURN v_now;
+    END IF;
+    IF cardinality(p_streams) IS DISTINCT FROM v_n OR cardinality(p_partitions) IS DISTINCT FROM v_n
+       OR cardinality(p_scheduled_for) IS DISTINCT FROM v_n THEN
+        RAISE EXCEPTION 'workpump: wp_enqueue_prepare: argument arrays differ in length' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_categories) c WHERE c IS NULL OR c NOT IN ({{.CatList}})) THEN
+        RAISE EXCEPTION 'workpump: wp_enqueue_prepare: unknown category in p_categories' USING ERRCODE = 'WP002';
+    END IF;
+{{template "enqueueLockStreams" .}}
+{{- template "enqueueLive" .}}
+    IF v_live IS NOT NULL THEN
+        SELECT array_agg(u.cat), array_agg(u.stream_id), array_agg(u.part)
+          INTO w_cat, w_stream, w_part
+          FROM unnest(p_categories, p_streams, p_partitions, p_scheduled_for) AS u(cat, stream_id, part, sched)
+         WHERE u.sched IS NULL OR date_trunc('microseconds', u.sched) <= v_now;
+{{- template "enqueueNotify" .}}
+    END IF;
+    RETURN v_now;
 END
 $fn$;
 

@@ -1,0 +1,124 @@
+package pgcall
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/workpump/workpump/migrations"
+)
+
+// Enqueue by COPY. A large batch of new items (every id generated for the
+// call) is written in two steps inside one transaction: wp_enqueue_prepare
+// (categories checked, streams locked, NOTIFYs queued, created_at
+// returned), then one COPY ... FROM STDIN (FORMAT binary) per category. The
+// rows are encoded here, once, for both drivers: Postgres' binary COPY
+// format is a header, then per row a field count and each field as a length
+// and its bytes.
+
+// copyColumns are the columns a COPY of enqueued rows sets, after the key;
+// seq is left to its default (see wp_enqueue_prepare).
+const copyColumns = "stream_id, partition_number, name, message_type, payload, metadata, scheduled_for, created_at"
+
+// CopySQL returns the COPY statement that writes enqueued rows of category
+// into schema (which the caller has validated).
+func CopySQL(schema, category string) string {
+	return fmt.Sprintf(`COPY "%s".%s (%s, %s) FROM STDIN (FORMAT binary)`,
+		schema, migrations.Table(category), migrations.KeyColumn(category), copyColumns)
+}
+
+// copyHeader is the signature, the flags (no OIDs) and the empty header
+// extension of the binary COPY format.
+var copyHeader = []byte("PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+
+// pgEpochMicros is 2000-01-01 00:00:00 UTC in microseconds since the Unix
+// epoch: Postgres counts timestamps from there.
+const pgEpochMicros = 946_684_800_000_000
+
+// CopyGroup is the part of a batch that belongs to one category: the
+// positions (into the batch's ids and EnqueueArgs) of its items.
+type CopyGroup struct {
+	Category string
+	Items    []int
+}
+
+// CopyGroups splits a batch by category, keeping item order within each.
+func CopyGroups(a EnqueueArgs) []CopyGroup {
+	var out []CopyGroup
+next:
+	for i, c := range a.Categories {
+		for g := range out {
+			if out[g].Category == c {
+				out[g].Items = append(out[g].Items, i)
+				continue next
+			}
+		}
+		out = append(out, CopyGroup{Category: c, Items: []int{i}})
+	}
+	return out
+}
+
+// EncodeCopy returns the binary COPY data of group's rows: each item with
+// its id and createdAt (from wp_enqueue_prepare). Metadata "" is stored as
+// {} and a nil payload as NULL, as wp_enqueue does; schedules are truncated
+// to microseconds.
+func EncodeCopy(ids []uuid.UUID, a EnqueueArgs, createdAt time.Time, group CopyGroup) []byte {
+	size := len(copyHeader) + 2
+	for _, i := range group.Items {
+		size += 2 + 9*4 + 16 + len(a.Streams[i]) + 4 + len(a.Names[i]) + len(a.Types[i]) +
+			len(a.Payloads[i]) + max(len(a.Metadata[i]), 2) + 8 + 8
+	}
+	b := make([]byte, 0, size)
+	b = append(b, copyHeader...)
+	created := micros(createdAt)
+	for _, i := range group.Items {
+		b = binary.BigEndian.AppendUint16(b, 9)
+		b = appendField(b, ids[i][:])
+		b = appendText(b, a.Streams[i])
+		b = binary.BigEndian.AppendUint32(b, 4)
+		b = binary.BigEndian.AppendUint32(b, uint32(a.Partitions[i]))
+		b = appendText(b, a.Names[i])
+		b = appendText(b, a.Types[i])
+		if a.Payloads[i] == nil {
+			b = appendNull(b)
+		} else {
+			b = appendField(b, a.Payloads[i])
+		}
+		if m := a.Metadata[i]; m == "" {
+			b = appendText(b, "{}")
+		} else {
+			b = appendText(b, m)
+		}
+		if s := a.ScheduledFor[i]; s == nil {
+			b = appendNull(b)
+		} else {
+			b = appendMicros(b, micros(*s))
+		}
+		b = appendMicros(b, created)
+	}
+	return binary.BigEndian.AppendUint16(b, 0xffff) // end of data
+}
+
+// micros is t in Postgres' timestamp representation, truncated to the
+// microsecond as pgx's binary encoding of wp_enqueue's arrays truncates it.
+func micros(t time.Time) int64 {
+	return t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - pgEpochMicros
+}
+
+func appendField(b, v []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
+	return append(b, v...)
+}
+
+func appendText(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+	return append(b, s...)
+}
+
+func appendNull(b []byte) []byte { return binary.BigEndian.AppendUint32(b, 0xffffffff) }
+
+func appendMicros(b []byte, us int64) []byte {
+	b = binary.BigEndian.AppendUint32(b, 8)
+	return binary.BigEndian.AppendUint64(b, uint64(us))
+}
