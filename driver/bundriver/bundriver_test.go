@@ -293,9 +293,12 @@ func TestListenerPollOnlyOnTxHandle(t *testing.T) {
 
 // ---- transactions ----
 
+// TestEnqueueTxRollsBackWithTheCallersTx: the items are written in the
+// caller's transaction (never by COPY on a connection of their own, even
+// with EnqueueCopyThreshold 1) and vanish with its rollback.
 func TestEnqueueTxRollsBackWithTheCallersTx(t *testing.T) {
 	t.Parallel()
-	c := newCoordinator(t, setupPgx, bundriver.Options{Schema: pgtest.Schema(t)})
+	c := newCoordinator(t, setupPgx, bundriver.Options{Schema: pgtest.Schema(t), EnqueueCopyThreshold: 1})
 	db := c.DB()
 	ctx := t.Context()
 	var ids []uuid.UUID
@@ -323,6 +326,23 @@ func TestEnqueueTxRollsBackWithTheCallersTx(t *testing.T) {
 	}
 	if _, err := c.EnqueueTx(ctx, db, []driver.NewWork{{Category: driver.Outbox, Metadata: []byte("[1]")}}); !errors.Is(err, driver.ErrInvalidArgument) || !strings.Contains(err.Error(), "Metadata") {
 		t.Fatalf("EnqueueTx(bad metadata): %v", err)
+	}
+}
+
+// TestEnqueueCopyOffPgxStdlib: on bun's pgdriver there is no COPY path; a
+// batch over EnqueueCopyThreshold is written by the INSERT instead.
+func TestEnqueueCopyOffPgxStdlib(t *testing.T) {
+	t.Parallel()
+	c := newCoordinator(t, setupPgdriver, bundriver.Options{Schema: pgtest.Schema(t), EnqueueCopyThreshold: 1})
+	ctx := t.Context()
+	ids, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: "s", Name: "a"}, {Category: driver.Inbox, Name: "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, cat := range []driver.Category{driver.Outbox, driver.Inbox} {
+		if w, ok, err := c.GetWork(ctx, cat, ids[i]); err != nil || !ok || w.Name != string(rune('a'+i)) {
+			t.Fatalf("item %d: %+v present=%v err=%v", i, w, ok, err)
+		}
 	}
 }
 

@@ -17,8 +17,12 @@ import (
 )
 
 // harness makes one fresh schema and Coordinator per conformance case, on
-// one bun set-up.
-type harness struct{ setup string }
+// one bun set-up; copyAll sends every Enqueue of driver-assigned ids down
+// the COPY path (where the set-up has it).
+type harness struct {
+	setup   string
+	copyAll bool
+}
 
 func (h harness) Capabilities() conformance.Capabilities {
 	return conformance.Capabilities{Signals: true, AliveLock: true, Faults: true}
@@ -33,6 +37,9 @@ func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformanc
 		ListenerReconnectMin: 20 * time.Millisecond,
 		ListenerReconnectMax: 200 * time.Millisecond,
 		ListenerLockRetry:    20 * time.Millisecond,
+	}
+	if h.copyAll {
+		opts.EnqueueCopyThreshold = 1
 	}
 	if h.setup == setupPgdriver {
 		// pgdriver's connections cannot be turned into a listener: the
@@ -175,6 +182,12 @@ func (f *faults) HoldAliveLock(id uuid.UUID) (func(), error) {
 // own connections.
 func TestConformance(t *testing.T) {
 	conformance.Run(t, harness{setup: setupPgx})
+}
+
+// TestConformanceCopyEnqueue runs the suite on bun over pgx's stdlib with
+// every Enqueue of new items written by COPY.
+func TestConformanceCopyEnqueue(t *testing.T) {
+	conformance.Run(t, harness{setup: setupPgx, copyAll: true})
 }
 
 // TestConformancePgdriver runs the suite on bun over its own pgdriver, with

@@ -1,11 +1,13 @@
 package bundriver
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
 	"github.com/uptrace/bun/dialect/pgdialect"
@@ -55,7 +58,9 @@ var (
 // the client, so each call is one simple-protocol round trip).
 type statements struct {
 	enqueue, claim, renew, complete, fail, release  string
-	completeInTx                                    string // complete through a caller's bun.IDB
+	enqueuePrepare                                  string   // the COPY path's first step (enqueueCopy)
+	copyInto                                        []string // COPY statement per category, in driver.Categories order
+	completeInTx                                    string   // complete through a caller's bun.IDB
 	heartbeat, cleanup, deregister, purge           string
 	getWork, listInstances, listDead, streamOwner   string
 	stats, statsLeases, deadCount, version, tryLock string
@@ -67,27 +72,31 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 	q := pgcall.Question
 	ack, claim := pgcall.CommitModes(syncAcks, asyncClaims)
 	st := statements{
-		completeInTx:  pgcall.Complete.SQL(schema, q),
-		enqueue:       pgcall.Enqueue.SQL(schema, q),
-		claim:         claim(pgcall.Claim, schema, q),
-		renew:         ack(pgcall.Renew, schema, q),
-		complete:      ack(pgcall.Complete, schema, q),
-		fail:          ack(pgcall.Fail, schema, q),
-		release:       ack(pgcall.Release, schema, q),
-		heartbeat:     pgcall.Heartbeat.SQL(schema, q),
-		cleanup:       pgcall.Cleanup.SQL(schema, q),
-		deregister:    pgcall.Deregister.SQL(schema, q),
-		purge:         pgcall.Purge.SQL(schema, q),
-		getWork:       pgcall.GetWork.SQL(schema, q),
-		listInstances: pgcall.InstanceStates.SQL(schema, q),
-		listDead:      pgcall.ListDead.SQL(schema, q),
-		streamOwner:   pgcall.StreamOwner.SQL(schema, q),
-		stats:         pgcall.Stats.SQL(schema, q),
-		statsLeases:   pgcall.StatsLeases.SQL(schema, q),
-		deadCount:     pgcall.DeadCountSQL(schema),
-		version:       pgcall.VersionSQL(schema),
+		completeInTx:   pgcall.Complete.SQL(schema, q),
+		enqueue:        pgcall.Enqueue.SQL(schema, q),
+		enqueuePrepare: pgcall.EnqueuePrepare.SQL(schema, q),
+		claim:          claim(pgcall.Claim, schema, q),
+		renew:          ack(pgcall.Renew, schema, q),
+		complete:       ack(pgcall.Complete, schema, q),
+		fail:           ack(pgcall.Fail, schema, q),
+		release:        ack(pgcall.Release, schema, q),
+		heartbeat:      pgcall.Heartbeat.SQL(schema, q),
+		cleanup:        pgcall.Cleanup.SQL(schema, q),
+		deregister:     pgcall.Deregister.SQL(schema, q),
+		purge:          pgcall.Purge.SQL(schema, q),
+		getWork:        pgcall.GetWork.SQL(schema, q),
+		listInstances:  pgcall.InstanceStates.SQL(schema, q),
+		listDead:       pgcall.ListDead.SQL(schema, q),
+		streamOwner:    pgcall.StreamOwner.SQL(schema, q),
+		stats:          pgcall.Stats.SQL(schema, q),
+		statsLeases:    pgcall.StatsLeases.SQL(schema, q),
+		deadCount:      pgcall.DeadCountSQL(schema),
+		version:        pgcall.VersionSQL(schema),
 	}
 	st.pollBegin, st.pollStop, st.pollSettle = pgcall.SelfPollSQL(schema, q)
+	for _, c := range driver.Categories {
+		st.copyInto = append(st.copyInto, pgcall.CopySQL(schema, string(c)))
+	}
 	return st
 }
 
@@ -171,7 +180,7 @@ func nullTime(t sql.NullTime) time.Time {
 // input order (ids of zero-ID items are assigned, UUIDv7). An id already
 // present in its category is skipped but still returned.
 func (c *Coordinator) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUID, error) {
-	return c.enqueue(ctx, c.db, items)
+	return c.enqueue(ctx, c.db, items, true)
 }
 
 // EnqueueTx stores items through db, normally the application's own
@@ -184,16 +193,27 @@ func (c *Coordinator) EnqueueTx(ctx context.Context, db bun.IDB, items []driver.
 	if isNil(db) {
 		return nil, fmt.Errorf("%w: db: nil", driver.ErrInvalidArgument)
 	}
-	return c.enqueue(ctx, db, items)
+	return c.enqueue(ctx, db, items, false)
 }
 
-func (c *Coordinator) enqueue(ctx context.Context, db bun.IDB, items []driver.NewWork) ([]uuid.UUID, error) {
+// enqueue stores items through db; own says db is c.db (not a caller's
+// transaction), where a large batch may go by COPY.
+func (c *Coordinator) enqueue(ctx context.Context, db bun.IDB, items []driver.NewWork, own bool) ([]uuid.UUID, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	ids, a, err := pgcall.BuildEnqueue(items, c.opts.PartitionCount)
 	if err != nil {
 		return nil, err
+	}
+	if own && a.NewIDs && len(items) >= c.opts.EnqueueCopyThreshold {
+		done, err := c.enqueueCopy(ctx, ids, a)
+		if err != nil {
+			return nil, err
+		}
+		if done {
+			return ids, nil
+		}
 	}
 	var inserted int
 	err = db.QueryRowContext(ctx, c.sql.enqueue,
@@ -204,6 +224,65 @@ func (c *Coordinator) enqueue(ctx context.Context, db bun.IDB, items []driver.Ne
 		return nil, c.sqlErr("Enqueue", err)
 	}
 	return ids, nil
+}
+
+// enqueueCopy writes a batch of new items with COPY (see internal/pgcall's
+// copy.go) on a connection of c.db, in a transaction of its own. It
+// reports done=false, having written nothing, when COPY is not available
+// there: c.db is not a *bun.DB, or bun does not run on pgx's stdlib.
+func (c *Coordinator) enqueueCopy(ctx context.Context, ids []uuid.UUID, a pgcall.EnqueueArgs) (done bool, err error) {
+	db, ok := c.db.(*bun.DB)
+	if !ok {
+		return false, nil
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return false, c.sqlErr("Enqueue", err)
+	}
+	defer conn.Close()
+	onPgx := false
+	if err := conn.Raw(func(dc any) error {
+		_, onPgx = dc.(*stdlib.Conn)
+		return nil
+	}); err != nil {
+		return false, c.sqlErr("Enqueue", err)
+	}
+	if !onPgx {
+		return false, nil
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return false, c.sqlErr("Enqueue", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	var created time.Time
+	if err := tx.QueryRowContext(ctx, c.sql.enqueuePrepare, pgdialect.Array(a.Categories), pgdialect.Array(a.Streams),
+		pgdialect.Array(a.Partitions), pgdialect.Array(a.ScheduledFor), c.nowArg()).Scan(&created); err != nil {
+		return false, c.sqlErr("Enqueue", err)
+	}
+	// The transaction is idle between statements, so its connection can
+	// run the COPY protocol directly.
+	err = conn.Raw(func(dc any) error {
+		pg := dc.(*stdlib.Conn).Conn().PgConn()
+		for _, g := range pgcall.CopyGroups(a) {
+			sql := c.sql.copyInto[slices.Index(driver.Categories, driver.Category(g.Category))]
+			if _, err := pg.CopyFrom(ctx, bytes.NewReader(pgcall.EncodeCopy(ids, a, created, g)), sql); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, c.sqlErr("Enqueue", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return false, c.sqlErr("Enqueue", err)
+	}
+	return true, nil
 }
 
 // ---- claim ----

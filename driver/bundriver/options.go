@@ -7,6 +7,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/pgcall"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -46,6 +47,17 @@ type Options struct {
 	// delivery stays at-least-once. Off by default: with it off, a row whose
 	// handler runs is durably leased to that handler's instance.
 	AsynchronousClaims bool
+	// EnqueueCopyThreshold is the batch size from which Enqueue writes new
+	// items with COPY instead of wp_enqueue's INSERT, when no item carries
+	// its own ID (an ID the caller chose may repeat a stored one, which
+	// only the INSERT can skip), the Coordinator runs on a *bun.DB and bun
+	// runs on pgx's stdlib driver (COPY needs a connection of its own and
+	// pgx's COPY protocol; EnqueueTx and other drivers keep the INSERT).
+	// COPY costs a transaction and two more round trips, but Postgres
+	// writes its rows a page at a time: on the dev machine a call of 300
+	// items costs the same both ways, 1000 items 1.37 times less by COPY.
+	// 0 means 500; a negative value keeps every batch on the INSERT.
+	EnqueueCopyThreshold int
 	// Logger receives listener and schema diagnostics; nil discards them.
 	Logger hclog.Logger
 
@@ -128,6 +140,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.SignalBuffer < 0 {
 		return o, fmt.Errorf("%w: Options.SignalBuffer: %d is negative", driver.ErrInvalidArgument, o.SignalBuffer)
 	}
+	o.EnqueueCopyThreshold = pgcall.CopyThreshold(o.EnqueueCopyThreshold)
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}

