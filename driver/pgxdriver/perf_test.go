@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/workpump/workpump/conformance"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/pgcall"
 )
 
 // TestPerfReport measures the hot paths against the test database and logs
@@ -331,4 +332,36 @@ func claimPlan(t *testing.T, c *Coordinator, inst uuid.UUID) string {
 		return fmt.Sprintf("(no candidate/update plan among %d notices)", len(notices))
 	}
 	return strings.Join(out, "\n")
+}
+
+// BenchmarkEnqueuePaths compares the two ways a batch of new items is
+// written, per batch size: wp_enqueue's INSERT and COPY (the crossover
+// sets EnqueueCopyThreshold's default). One op is one Enqueue call; the
+// VM drifts, so compare medians of -count runs and repeat the whole set.
+//
+//	go test -run XXX -bench EnqueuePaths -count 5 ./driver/pgxdriver/
+func BenchmarkEnqueuePaths(b *testing.B) {
+	for _, size := range []int{10, 100, 300, 1000, 5000} {
+		for _, path := range []struct {
+			name      string
+			threshold int
+		}{{"insert", -1}, {"copy", 1}} {
+			b.Run(fmt.Sprintf("%d/%s", size, path.name), func(b *testing.B) {
+				c := newTestCoordinator(b, false, nil, 0)
+				c.opts.EnqueueCopyThreshold = pgcall.CopyThreshold(path.threshold)
+				batch := make([]driver.NewWork, size)
+				for i := range batch {
+					batch[i] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", i%10000), Name: "bench", Payload: make([]byte, 64)}
+				}
+				ctx := context.Background()
+				b.ResetTimer()
+				for range b.N {
+					if _, err := c.Enqueue(ctx, batch); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(size*b.N)/b.Elapsed().Seconds(), "items/s")
+			})
+		}
+	}
 }
