@@ -96,7 +96,15 @@ func waitSignal(t testing.TB, sub driver.Subscription, match func(driver.Signal)
 // and its subscription (closed when the test ends).
 func listening(t testing.TB) (*Coordinator, uuid.UUID, driver.Subscription) {
 	t.Helper()
+	return listeningWith(t, func(*Coordinator) {})
+}
+
+// listeningWith is listening with setup applied to the coordinator before
+// its listener starts (which reads the options from then on).
+func listeningWith(t testing.TB, setup func(*Coordinator)) (*Coordinator, uuid.UUID, driver.Subscription) {
+	t.Helper()
 	c := newTestCoordinator(t, false, nil, 0)
+	setup(c)
 	a := uuid.Must(uuid.NewV7())
 	register(t, c, a)
 	sub, err := c.Listen(context.Background(), a)
@@ -602,8 +610,7 @@ func enqueuePaths(t *testing.T, f func(t *testing.T, useCopy func(*Coordinator))
 func TestEnqueueTx(t *testing.T) { enqueuePaths(t, testEnqueueTx) }
 
 func testEnqueueTx(t *testing.T, useCopy func(*Coordinator)) {
-	c, a, sub := listening(t)
-	useCopy(c)
+	c, a, sub := listeningWith(t, useCopy)
 	ctx := context.Background()
 
 	tx, err := c.pool.Begin(ctx)
