@@ -940,6 +940,47 @@ func TestEnqueueNewIDsSkipsOnlyTheDuplicateCheck(t *testing.T) {
 	if n, err := call(false); err != nil || n != 1 {
 		t.Fatalf("without p_new_ids: inserted %d, %v; want 1 (the duplicate skipped)", n, err)
 	}
+	// The one-item path keeps the same rule.
+	one := func(newIDs bool) (int, error) {
+		var n int
+		err := c.pool.QueryRow(ctx, c.sql.enqueue, []string{"inbox"}, []string{dup.String()}, []string{"s"}, []int32{1},
+			[]string{""}, []string{""}, [][]byte{nil}, []string{""}, []*time.Time{nil}, c.nowArg(), newIDs).Scan(&n)
+		return n, err
+	}
+	if _, err := one(true); !errors.As(err, &pe) || pe.Code != "23505" {
+		t.Fatalf("one item, p_new_ids, stored id: %v, want a unique violation", err)
+	}
+	if n, err := one(false); err != nil || n != 0 {
+		t.Fatalf("one item without p_new_ids, stored id: inserted %d, %v; want 0 (skipped)", n, err)
+	}
+}
+
+// TestEnqueuePrepareRejectsBadArguments: wp_enqueue_prepare, called
+// directly, refuses arrays of different lengths and unknown categories
+// before it locks or creates anything.
+func TestEnqueuePrepareRejectsBadArguments(t *testing.T) {
+	c := newTestCoordinator(t, false, nil, 0)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, code string
+		cats       []string
+		parts      []int32
+	}{
+		{"lengths", "22023", []string{"outbox", "outbox"}, []int32{1}},
+		{"category", "WP002", []string{"outbox", "bogus"}, []int32{1, 2}},
+	} {
+		var created time.Time
+		err := c.pool.QueryRow(ctx, c.sql.enqueuePrepare, tc.cats, []string{"new-a", "new-b"}, tc.parts,
+			[]*time.Time{nil, nil}, c.nowArg()).Scan(&created)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != tc.code {
+			t.Fatalf("%s: %v, want SQLSTATE %s", tc.name, err, tc.code)
+		}
+		var locks int
+		if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM "`+c.opts.Schema+`".wp_stream_locks`).Scan(&locks); err != nil || locks != 0 {
+			t.Fatalf("%s: %d stream-lock rows (%v), want none", tc.name, locks, err)
+		}
+	}
 }
 
 // TestSelfPollingHandshake: while an instance self-polls, enqueues routed to
