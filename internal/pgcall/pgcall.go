@@ -1,8 +1,9 @@
 // Package pgcall is what the Postgres drivers share about calling the SQL
 // functions of package migrations: the call texts (one per function, with
 // explicitly cast parameters), the argument arrays built from the driver
-// package's values, the mapping of the functions' SQLSTATEs to the driver
-// sentinels, and the turning of applied (category, id) rows into results.
+// package's values, the binary COPY rows of a large enqueue (copy.go), the
+// mapping of the functions' SQLSTATEs to the driver sentinels, and the
+// turning of applied (category, id) rows into results.
 //
 // The semantics live in the SQL functions; a driver only moves values in
 // and out. Keeping those moves in one place means pgxdriver and bundriver
