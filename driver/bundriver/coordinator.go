@@ -7,8 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,6 +43,11 @@ type Coordinator struct {
 	lcoord   *pgxdriver.Coordinator // runs the listener; nil when poll-only
 	resolved bool
 	closed   bool
+
+	// noCopy is set once a connection showed that bun does not run on
+	// pgx's stdlib: later large batches go straight to the INSERT instead
+	// of taking a connection to find that out again.
+	noCopy atomic.Bool
 }
 
 var (
@@ -58,9 +63,9 @@ var (
 // the client, so each call is one simple-protocol round trip).
 type statements struct {
 	enqueue, claim, renew, complete, fail, release  string
-	enqueuePrepare                                  string   // the COPY path's first step (enqueueCopy)
-	copyInto                                        []string // COPY statement per category, in driver.Categories order
-	completeInTx                                    string   // complete through a caller's bun.IDB
+	enqueuePrepare                                  string // the COPY path's first step (enqueueCopy)
+	copyInto                                        pgcall.CopyStatements
+	completeInTx                                    string // complete through a caller's bun.IDB
 	heartbeat, cleanup, deregister, purge           string
 	getWork, listInstances, listDead, streamOwner   string
 	stats, statsLeases, deadCount, version, tryLock string
@@ -94,9 +99,7 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 		version:        pgcall.VersionSQL(schema),
 	}
 	st.pollBegin, st.pollStop, st.pollSettle = pgcall.SelfPollSQL(schema, q)
-	for _, c := range driver.Categories {
-		st.copyInto = append(st.copyInto, pgcall.CopySQL(schema, string(c)))
-	}
+	st.copyInto = pgcall.NewCopyStatements(schema)
 	return st
 }
 
@@ -232,7 +235,7 @@ func (c *Coordinator) enqueue(ctx context.Context, db bun.IDB, items []driver.Ne
 // there: c.db is not a *bun.DB, or bun does not run on pgx's stdlib.
 func (c *Coordinator) enqueueCopy(ctx context.Context, ids []uuid.UUID, a pgcall.EnqueueArgs) (done bool, err error) {
 	db, ok := c.db.(*bun.DB)
-	if !ok {
+	if !ok || c.noCopy.Load() {
 		return false, nil
 	}
 	conn, err := db.Conn(ctx)
@@ -248,6 +251,7 @@ func (c *Coordinator) enqueueCopy(ctx context.Context, ids []uuid.UUID, a pgcall
 		return false, c.sqlErr("Enqueue", err)
 	}
 	if !onPgx {
+		c.noCopy.Store(true)
 		return false, nil
 	}
 	tx, err := conn.BeginTx(ctx, nil)
@@ -269,7 +273,7 @@ func (c *Coordinator) enqueueCopy(ctx context.Context, ids []uuid.UUID, a pgcall
 	err = conn.Raw(func(dc any) error {
 		pg := dc.(*stdlib.Conn).Conn().PgConn()
 		for _, g := range pgcall.CopyGroups(a) {
-			sql := c.sql.copyInto[slices.Index(driver.Categories, driver.Category(g.Category))]
+			sql := c.sql.copyInto[g.Category]
 			if _, err := pg.CopyFrom(ctx, bytes.NewReader(pgcall.EncodeCopy(ids, a, created, g)), sql); err != nil {
 				return err
 			}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -50,9 +49,9 @@ var (
 // extended and the simple protocol.
 type statements struct {
 	enqueue, claim, renew, complete, fail, release            string
-	enqueuePrepare                                            string   // the COPY path's first step (enqueueCopy)
-	copyInto                                                  []string // COPY statement per category, in driver.Categories order
-	completeInTx                                              string   // complete inside a caller's transaction
+	enqueuePrepare                                            string // the COPY path's first step (enqueueCopy)
+	copyInto                                                  pgcall.CopyStatements
+	completeInTx                                              string // complete inside a caller's transaction
 	heartbeat, cleanup, deregister, purge                     string
 	getWork, listInstances, listDead, streamOwner             string
 	stats, statsLeases, deadCount, version, aliveKey, tryLock string
@@ -89,9 +88,7 @@ func newStatements(schema string, syncAcks, asyncClaims bool) statements {
 		unlock:         `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key($1::uuid))`,
 	}
 	st.pollBegin, st.pollStop, st.pollSettle = pgcall.SelfPollSQL(schema, d)
-	for _, c := range driver.Categories {
-		st.copyInto = append(st.copyInto, pgcall.CopySQL(schema, string(c)))
-	}
+	st.copyInto = pgcall.NewCopyStatements(schema)
 	return st
 }
 
@@ -299,7 +296,7 @@ func (c *Coordinator) enqueueCopy(ctx context.Context, q querier, ids []uuid.UUI
 	}
 	for _, g := range pgcall.CopyGroups(a) {
 		data := pgcall.EncodeCopy(ids, a, created, g)
-		if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(data), c.sql.copyInto[slices.Index(driver.Categories, driver.Category(g.Category))]); err != nil {
+		if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(data), c.sql.copyInto[g.Category]); err != nil {
 			return c.sqlErr("Enqueue", err)
 		}
 	}

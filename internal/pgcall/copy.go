@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -42,11 +43,19 @@ func CopyThreshold(option int) int {
 // seq is left to its default (see wp_enqueue_prepare).
 const copyColumns = "stream_id, partition_number, name, message_type, payload, metadata, scheduled_for, created_at"
 
-// CopySQL returns the COPY statement that writes enqueued rows of category
-// into schema (which the caller has validated).
-func CopySQL(schema, category string) string {
-	return fmt.Sprintf(`COPY "%s".%s (%s, %s) FROM STDIN (FORMAT binary)`,
-		schema, migrations.Table(category), migrations.KeyColumn(category), copyColumns)
+// CopyStatements maps each category to the COPY statement that writes its
+// enqueued rows into one schema.
+type CopyStatements map[string]string
+
+// NewCopyStatements renders the COPY statements of schema (which the caller
+// has validated).
+func NewCopyStatements(schema string) CopyStatements {
+	st := CopyStatements{}
+	for _, c := range driver.Categories {
+		st[string(c)] = fmt.Sprintf(`COPY "%s".%s (%s, %s) FROM STDIN (FORMAT binary)`,
+			schema, migrations.Table(string(c)), migrations.KeyColumn(string(c)), copyColumns)
+	}
+	return st
 }
 
 // copyHeader is the signature, the flags (no OIDs) and the empty header
