@@ -360,6 +360,9 @@ func TestPumpPG_SelfPollingHandsBackToSignals(t *testing.T) {
 	var handled atomic.Int32
 	opts := workpump.Options{ServiceName: "test", Logger: quietOptions().Logger}
 	opts.Claim.SelfPolling = true
+	// Any work begins a period: the burst's rate under -race on a loaded
+	// machine may stay below the default threshold (20 items in 50 ms).
+	opts.Claim.SelfPollMinItems = 1
 	p := startPG(t, c, opts, func(p *workpump.Pump) {
 		p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
 			var n int

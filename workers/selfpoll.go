@@ -12,25 +12,59 @@ import (
 )
 
 // selfPoller is the claim loop's self-polling state (driver.SelfPolling).
-// Off, it waits for signals as usual. A claim that returns work while the
-// gate is up begins a period: the loop then claims every interval, and
-// enqueues routed to the instance skip their NOTIFY. After linger without
-// work the period ends with the store's hand-shake: Stop, Settled until no
-// enqueue that skipped its signal is open (polling meanwhile), one last
-// claim, Close.
+// Off, it waits for signals as usual. Once claims have returned at least
+// minItems items within the trailing linger while the gate is up, it begins
+// a period: the loop then claims every interval, and enqueues routed to the
+// instance skip their NOTIFY. When fewer than half as many (at least one)
+// came within the trailing linger, the period ends with the store's
+// hand-shake: Stop, Settled until no enqueue that skipped its signal is
+// open (polling meanwhile), one last claim, Close. With minItems 1 that is
+// "any work begins a period, linger without work ends it".
 type selfPoller struct {
 	store    driver.SelfPolling
 	id       uuid.UUID
 	interval time.Duration
 	linger   time.Duration
+	minItems int           // items within linger that begin a period
 	fallback time.Duration // the wait after a failed hand-shake step
 	logger   hclog.Logger
 
-	sp       driver.SelfPoll
-	phase    selfPhase
-	lastWork time.Time
-	periods  atomic.Uint64
+	sp      driver.SelfPoll
+	phase   selfPhase
+	recent  workMarks
+	periods atomic.Uint64
 }
+
+// workMarks are the claims that returned work within the trailing linger,
+// oldest first. Every mark is one claim call, so they are as many as the
+// claims a linger holds (about linger/interval during a period).
+type workMarks struct {
+	at    []time.Time
+	items []int
+	sum   int
+}
+
+// add records n items claimed at now and forgets the claims older than
+// window; it returns the items claimed within the window.
+func (m *workMarks) add(now time.Time, n int, window time.Duration) int {
+	if n > 0 {
+		m.at, m.items = append(m.at, now), append(m.items, n)
+		m.sum += n
+	}
+	drop := 0
+	for drop < len(m.at) && now.Sub(m.at[drop]) >= window {
+		m.sum -= m.items[drop]
+		drop++
+	}
+	if drop > 0 {
+		m.at, m.items = append(m.at[:0], m.at[drop:]...), append(m.items[:0], m.items[drop:]...)
+	}
+	return m.sum
+}
+
+// endBelow is the item count within linger under which a period ends: half
+// the count that begins one, and at least 1 (no work at all).
+func (p *selfPoller) endBelow() int { return max(1, p.minItems/2) }
 
 type selfPhase int
 
@@ -44,10 +78,11 @@ const (
 // after feeds one claim's outcome into the state and returns the wait
 // before the next claim, with decided false when the loop's usual wait
 // applies.
-func (p *selfPoller) after(ctx context.Context, gotWork, failed, gateUp bool) (wait time.Duration, decided bool) {
+func (p *selfPoller) after(ctx context.Context, items int, failed, gateUp bool) (wait time.Duration, decided bool) {
+	recent := p.recent.add(time.Now(), items, p.linger)
 	switch p.phase {
 	case selfOff:
-		if !gotWork || !gateUp {
+		if items == 0 || !gateUp || recent < p.minItems {
 			return 0, false
 		}
 		sp, ok, err := p.store.BeginSelfPolling(ctx, p.id)
@@ -58,15 +93,11 @@ func (p *selfPoller) after(ctx context.Context, gotWork, failed, gateUp bool) (w
 		if !ok {
 			return 0, false
 		}
-		p.sp, p.phase, p.lastWork = sp, selfOn, time.Now()
+		p.sp, p.phase = sp, selfOn
 		p.periods.Add(1)
 		return p.interval, true
 	case selfOn:
-		if gotWork {
-			p.lastWork = time.Now()
-			return p.interval, true
-		}
-		if time.Since(p.lastWork) < p.linger {
+		if recent >= p.endBelow() {
 			return p.interval, true
 		}
 		if err := p.sp.Stop(ctx); err != nil {

@@ -34,8 +34,8 @@ func steps(from, to, step time.Duration) []time.Duration {
 	return out
 }
 
-// TestSelfPollingPeriod: a claim that finds work with the gate up begins a
-// period; the worker then claims every SelfPollInterval (2 ms); SelfPollLinger
+// TestSelfPollingPeriod: with SelfPollMinItems 1, a claim that finds work
+// with the gate up begins a period; the worker then claims every SelfPollInterval (2 ms); SelfPollLinger
 // (50 ms) after the last work it stops, polls on while Settled says an
 // enqueue that skipped its signal is open, claims once more the moment it
 // settled, closes the period, and waits as usual again (here the backoff
@@ -44,7 +44,7 @@ func TestSelfPollingPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
 			settled: func(n int) (bool, error) { return n >= 3, nil }}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(11))
 		stop(t, r.w)
@@ -66,7 +66,7 @@ func TestSelfPollingLingerCountsFromTheLastWork(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Claims 1 (at 0 ms) and 6 (at 10 ms) find work.
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst(6)}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(1))
 		stop(t, r.w)
@@ -83,7 +83,7 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
 			begin: func(int) (bool, error) { return false, nil }}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(6))
 		stop(t, r.w)
@@ -92,7 +92,7 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 	})
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(false), nil)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(false), nil)
 		r.start()
 		time.Sleep(ms(600))
 		stop(t, r.w)
@@ -110,7 +110,7 @@ func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
 			settled: func(int) (bool, error) { return false, errors.New("connection reset") }}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(11))
 		stop(t, r.w)
@@ -124,7 +124,7 @@ func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 func TestSelfPollingClosedOnStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(ms(11))
 		stop(t, r.w)
@@ -165,11 +165,85 @@ func TestSelfPollingLastClaimRetriedAfterAFailure(t *testing.T) {
 			}
 			return first(n, req)
 		}}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(1))
 		stop(t, r.w)
 		eqDurations(t, "claims", r.claims()[25:], []time.Duration{ms(50), ms(50), ms(52)})
 		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(52)})
+	})
+}
+
+// items returns a claim func that hands out counts[n-1] items on claim n
+// (nothing past the list).
+func items(counts ...int) func(int, driver.ClaimRequest) (driver.ClaimResult, error) {
+	return func(n int, _ driver.ClaimRequest) (driver.ClaimResult, error) {
+		if n > len(counts) {
+			return driver.ClaimResult{}, nil
+		}
+		var res driver.ClaimResult
+		for range counts[n-1] {
+			res.Work = append(res.Work, wk(driver.Outbox))
+		}
+		return res, nil
+	}
+}
+
+// TestSelfPollingBeginsAtMinItems: by default a period begins only once
+// claims returned 20 items within the trailing 50 ms, so isolated items
+// stay on signals. Here signals bring claims at 0, 10, 20 and 30 ms with 5
+// items each: the 4th reaches 20 and begins the period. Signals 60 ms apart
+// with 19 items each never do.
+func TestSelfPollingBeginsAtMinItems(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(5, 5, 5, 5)}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, sub, nil)
+		r.start()
+		for range 3 {
+			time.Sleep(ms(10))
+			sub.send(driver.SignalWork)
+		}
+		time.Sleep(ms(200))
+		stop(t, r.w)
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{ms(30)})
+		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, ms(10), ms(20), ms(30), ms(32)})
+	})
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(19, 19, 19, 19)}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, sub, nil)
+		r.start()
+		for range 3 {
+			time.Sleep(ms(60))
+			sub.send(driver.SignalWork)
+		}
+		time.Sleep(ms(100))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, ms(60), ms(120), ms(180)})
+		if n := len(coord.of("begin")); n != 0 {
+			t.Fatalf("%d begin calls below SelfPollMinItems", n)
+		}
+	})
+}
+
+// TestSelfPollingEndsBelowHalfMinItems: a period ends at the first claim
+// that sees fewer than SelfPollMinItems/2 items within the trailing linger.
+// Claim 1 (0 ms) brings 20 and begins it; the claims at 2, 4, ..., 40 ms
+// bring 1 item each. The claim at 70 ms still sees 10 (22..40 ms), the one
+// at 72 ms 9: it ends the period.
+func TestSelfPollingEndsBelowHalfMinItems(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		counts := []int{20}
+		for range 20 { // claims 2..21 at 2..40 ms
+			counts = append(counts, 1)
+		}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(counts...)}}
+		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(1))
+		stop(t, r.w)
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(72)})
 	})
 }

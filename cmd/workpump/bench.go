@@ -30,6 +30,7 @@ type benchConfig struct {
 	duration                           time.Duration
 	asJSON, reset, asyncClaims         bool
 	selfPolling                        bool
+	selfPollMinItems                   int
 	databaseURL, schema                string
 	cpuProfile                         string
 }
@@ -49,9 +50,10 @@ type benchResult struct {
 	P50Ms              float64 `json:"p50_ms"`
 	P99Ms              float64 `json:"p99_ms"`
 	MaxMs              float64 `json:"max_ms,omitempty"`
+	SelfPollPeriods    int64   `json:"self_poll_periods,omitempty"` // continuous
 	// idle mode
 	HeartbeatsPerInstanceMinute float64          `json:"heartbeats_per_instance_minute,omitempty"`
-	Claims                      int64            `json:"claims,omitempty"`
+	Claims                      int64            `json:"claims,omitempty"` // idle, continuous
 	OtherWrites                 int64            `json:"other_write_calls,omitempty"`
 	RowsWritten                 map[string]int64 `json:"rows_written,omitempty"`
 }
@@ -72,6 +74,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
 	fs.BoolVar(&c.selfPolling, "self-polling", false, "instances poll by themselves while work flows, and enqueues to them skip their NOTIFY (Claim.SelfPolling)")
+	fs.IntVar(&c.selfPollMinItems, "self-poll-min-items", 0, "with --self-polling: items claimed within 50 ms that begin a period (Claim.SelfPollMinItems; 0: the default, 20)")
 	fs.IntVar(&c.repeat, "repeat", 1, "run the bench this many times, each on a fresh store, and end with the medians")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
@@ -239,7 +242,7 @@ func benchOptions(c benchConfig) workpump.Options {
 		ServiceName: "bench",
 		Concurrency: c.concurrency,
 		MaxInFlight: c.maxInFlight,
-		Claim:       workers.ClaimOptions{MaxStreamsPerBatch: c.batch, SelfPolling: c.selfPolling},
+		Claim:       workers.ClaimOptions{MaxStreamsPerBatch: c.batch, SelfPolling: c.selfPolling, SelfPollMinItems: c.selfPollMinItems},
 		Logger:      hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Error}),
 	}
 }
@@ -339,13 +342,17 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 		mu.Unlock()
 		return nil
 	}
-	_, stopAll, err := startPumps(ctx, c, be, h, &completed)
+	pumps, stopAll, err := startPumps(ctx, c, be, h, &completed)
 	if err != nil {
 		return benchResult{}, err
 	}
 	defer stopAll()
 	// Let the instances register and go idle, as in production.
 	time.Sleep(500 * time.Millisecond)
+	var polls0 uint64
+	for _, p := range pumps {
+		polls0 += p.Stats().Claim.Polls
+	}
 	stopProfile, err := startCPUProfile(c.cpuProfile)
 	if err != nil {
 		return benchResult{}, err
@@ -399,6 +406,12 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	}
 	took := time.Since(begin)
 	stopProfile()
+	var claims, periods uint64
+	for _, p := range pumps {
+		st := p.Stats().Claim
+		claims, periods = claims+st.Polls, periods+st.SelfPollPeriods
+	}
+	claims -= polls0
 	var lat []float64
 	committed.Range(func(k, v any) bool {
 		mu.Lock()
@@ -415,9 +428,10 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	slices.Sort(lat)
 	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	res := benchResult{Items: total, Seconds: took.Seconds(), ItemsPerSec: float64(total) / took.Seconds(), P50Ms: pct(0.50), P99Ms: pct(0.99), MaxMs: lat[len(lat)-1],
-		EnqueueItemsPerSec: float64(total) / enqueued.Seconds()}
+		EnqueueItemsPerSec: float64(total) / enqueued.Seconds(), Claims: int64(claims), SelfPollPeriods: int64(periods)}
 	fmt.Fprintf(out, "enqueued %d items in %.2fs (%.0f items/s achieved, target %d/s)\n", total, enqueued.Seconds(), res.EnqueueItemsPerSec, c.rate)
 	fmt.Fprintf(out, "pickup latency (enqueue commit -> handler start): p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n", res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
+	fmt.Fprintf(out, "claims: %d (%.2f per item), self-polling periods: %d\n", claims, float64(claims)/float64(total), periods)
 	return res, nil
 }
 
