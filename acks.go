@@ -3,6 +3,7 @@ package workpump
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/workpump/workpump/driver"
@@ -13,8 +14,15 @@ import (
 // nothing is lost, it is only redone.
 const ackRetries = 3
 
-func (p *Pump) queueCompletion(ref driver.Ref) {
-	if !p.complete.Enqueue(ref) {
+// completion is a queued acknowledgement: the item and the number of the
+// claim that leased it (workers.ClaimNumber).
+type completion struct {
+	ref   driver.Ref
+	claim uint64
+}
+
+func (p *Pump) queueCompletion(ref driver.Ref, claim uint64) {
+	if !p.complete.Enqueue(completion{ref: ref, claim: claim}) {
 		p.stats.ackErrors.Add(1)
 		p.log.Error("completion queue full or closed; the item will be redelivered", "ref", ref.String())
 	}
@@ -44,7 +52,24 @@ func withRetry(ctx context.Context, call func() error) error {
 	return err
 }
 
-func (p *Pump) flushCompletions(ctx context.Context, refs []driver.Ref) error {
+// claimedSince reports whether a claim began after claim number n: it may
+// have skipped rows that an item leased by claim n blocked, and now that the
+// item is done nothing else would make a claim look for them before the
+// next safety-net poll.
+func (p *Pump) claimedSince(n uint64) bool {
+	return p.claim != nil && p.claim.ClaimsStarted() > n
+}
+
+// flushCompletions runs on the completion flusher's goroutine only, so the
+// refs buffer is reused from flush to flush.
+func (p *Pump) flushCompletions(ctx context.Context, cs []completion) error {
+	refs := p.completeRefs[:0]
+	oldest := uint64(math.MaxUint64)
+	for _, c := range cs {
+		refs = append(refs, c.ref)
+		oldest = min(oldest, c.claim)
+	}
+	p.completeRefs = refs
 	var res driver.AckResult
 	err := withRetry(ctx, func() (err error) {
 		res, err = p.coord.Complete(ctx, p.opts.ID, refs)
@@ -56,10 +81,12 @@ func (p *Pump) flushCompletions(ctx context.Context, refs []driver.Ref) error {
 	}
 	p.stats.completed.Add(uint64(res.Applied))
 	p.noteLost(res.Lost, "completion")
-	// A completion can unblock the next item of its stream, which an
-	// earlier claim had to skip; look for it now rather than after the
-	// claim loop's backoff.
-	p.requestPoll()
+	// A completion can unblock the next item of its stream, which a claim
+	// had to skip; look for it now rather than after the claim loop's
+	// backoff.
+	if p.claimedSince(oldest) {
+		p.requestPoll()
+	}
 	if h := p.opts.Hooks.Completed; h != nil {
 		lost := refSet(res.Lost)
 		for _, r := range refs {

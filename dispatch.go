@@ -22,6 +22,7 @@ type run struct {
 	// their stream are renewed while they wait, so none starts with a lease
 	// handle that has already run out.
 	handles []*workers.LeaseHandle
+	claim   uint64 // the claim that leased them (workers.ClaimNumber)
 }
 
 type scopeKey struct {
@@ -91,6 +92,7 @@ func (d *dispatcher) capacity() int {
 // a slow run pins the arrays but not the other items' payloads.
 func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	claimStart, _ := workers.ClaimStartedAt(ctx)
+	claim, _ := workers.ClaimNumber(ctx)
 	d.inflight.Add(int64(len(batch)))
 	runOf := make([]int32, len(batch))
 	var next []int32 // per run: its size, then its next free slot
@@ -122,7 +124,7 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	handles := make([]*workers.LeaseHandle, len(batch))
 	at := int32(0)
 	for r, n := range next {
-		runs[r] = run{items: items[at : at+n : at+n], handles: handles[at : at+n : at+n]}
+		runs[r] = run{items: items[at : at+n : at+n], handles: handles[at : at+n : at+n], claim: claim}
 		next[r] = at
 		at += n
 	}
@@ -179,7 +181,7 @@ func (d *dispatcher) execute(r run) {
 			d.done(len(r.items) - i)
 			return
 		}
-		err := d.runOne(w, r.handles[i])
+		err := d.runOne(w, r.handles[i], r.claim)
 		r.items[i], r.handles[i] = driver.Work{}, nil // let its payload go
 		d.done(1)
 		if err != nil {
@@ -197,7 +199,7 @@ func (d *dispatcher) execute(r run) {
 
 // runOne runs one item's handler under its lease handle and queues the
 // outcome. It returns the handler's error.
-func (d *dispatcher) runOne(w driver.Work, h *workers.LeaseHandle) error {
+func (d *dispatcher) runOne(w driver.Work, h *workers.LeaseHandle, claim uint64) error {
 	p := d.p
 	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w}
 	ctx := driver.WithDelivery(h.Context(), del)
@@ -215,10 +217,14 @@ func (d *dispatcher) runOne(w driver.Work, h *workers.LeaseHandle) error {
 		return err
 	}
 	if del.Settled() {
+		// Completed in the handler's own transaction.
 		p.stats.completedInTx.Add(1)
+		if p.claimedSince(claim) {
+			p.requestPoll()
+		}
 		return nil
 	}
-	p.queueCompletion(w.Ref())
+	p.queueCompletion(w.Ref(), claim)
 	return nil
 }
 

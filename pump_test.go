@@ -490,3 +490,83 @@ func TestPump_StartStopIdempotent(t *testing.T) {
 		}
 	})
 }
+
+// signalOnlyOptions wait only for signals while the gate is healthy (no
+// safety-net poll), so every claim a test counts has a reason.
+func signalOnlyOptions() workpump.Options {
+	o := quietOptions()
+	o.Claim.NotifyHealthyPollInterval = 0
+	o.Claim.DisableSafetyNetPoll = true
+	return o
+}
+
+// TestPump_CompletionWakesClaimForBlockedStreamRow: B, enqueued while A (its
+// stream's earlier row) is leased, is skipped by the claim B's signal
+// causes. No signal comes when A is done, so A's completion must have a
+// claim look again: with only signals to wake it (no safety-net poll), B
+// is handled right after A.
+func TestPump_CompletionWakesClaimForBlockedStreamRow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		p := newPump(t, s, signalOnlyOptions())
+		release := make(chan struct{})
+		var order []string
+		var mu sync.Mutex
+		if err := p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+			if string(w.Payload) == "A" {
+				<-release
+			}
+			mu.Lock()
+			order = append(order, string(w.Payload))
+			mu.Unlock()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "s", Payload: []byte("A")})
+		synctest.Wait()
+		before := p.Stats().Claim.Polls
+		ids := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "s", Payload: []byte("B")})
+		synctest.Wait()
+		if polls := p.Stats().Claim.Polls; polls != before+1 {
+			t.Fatalf("B's signal caused %d claims, want 1", polls-before)
+		}
+		close(release)
+		waitFor(t, time.Second, "B handled after A", func() bool { return rowGone(s, driver.Outbox, ids[0]) })
+		stop(t, p)
+		if fmt.Sprint(order) != "[A B]" {
+			t.Fatalf("handled %v, want [A B]", order)
+		}
+	})
+}
+
+// TestPump_IsolatedItemCostsOneClaim: an item whose stream nothing else
+// waits on costs one claim, the one its signal causes; its completion asks
+// for none, since no claim began after the one that leased it.
+func TestPump_IsolatedItemCostsOneClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		p := newPump(t, s, signalOnlyOptions())
+		if err := p.Handle(driver.Outbox, "", func(context.Context, workpump.Work) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		before := p.Stats().Claim.Polls
+		const n = 5
+		for i := range n {
+			ids := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprint("s", i%2)})
+			waitFor(t, time.Second, "item handled", func() bool { return rowGone(s, driver.Outbox, ids[0]) })
+			time.Sleep(time.Second)
+		}
+		stop(t, p)
+		if got := p.Stats().Claim.Polls - before; got != n {
+			t.Fatalf("%d claims for %d isolated items, want one each", got, n)
+		}
+	})
+}

@@ -53,8 +53,10 @@ type Pump struct {
 	renew    *workers.LeaseRenewalWorker
 	maint    *workers.MaintenanceWorker
 	disp     *dispatcher
-	complete *workers.BatchFlusher[driver.Ref]
+	complete *workers.BatchFlusher[completion]
 	fail     *workers.BatchFlusher[driver.Failure]
+	// completeRefs is flushCompletions' buffer (one flusher goroutine).
+	completeRefs []driver.Ref
 
 	stats pumpCounters
 }
