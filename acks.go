@@ -83,8 +83,12 @@ func (p *Pump) flushCompletions(ctx context.Context, cs []completion) error {
 	p.noteLost(res.Lost, "completion")
 	// A completion can unblock the next item of its stream, which a claim
 	// had to skip; look for it now rather than after the claim loop's
-	// backoff.
-	if p.claimedSince(oldest) {
+	// backoff. A lone item from the last claim begun cannot have blocked
+	// anything a claim skipped, so it asks for no claim: at low rates that
+	// halves the claims. A larger flush means work is flowing, and then
+	// the claim is asked for in any case: peers that settle their streams
+	// free rows that route here, and no signal announces those.
+	if len(cs) > 1 || p.claimedSince(oldest) {
 		p.requestPoll()
 	}
 	if h := p.opts.Hooks.Completed; h != nil {

@@ -570,3 +570,33 @@ func TestPump_IsolatedItemCostsOneClaim(t *testing.T) {
 		}
 	})
 }
+
+// TestPump_FlowingCompletionsAskForAClaim: a flush of several completions
+// asks for a claim even when no claim began after theirs. Work is flowing,
+// and rows of streams a peer settles meanwhile route here with no signal
+// (a 4-instance burn-down stalled on the safety-net poll without this).
+// Two items of two streams come in one claim and are acknowledged in one
+// flush; one more claim follows it.
+func TestPump_FlowingCompletionsAskForAClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		p := newPump(t, s, signalOnlyOptions())
+		if err := p.Handle(driver.Outbox, "", func(context.Context, workpump.Work) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		before := p.Stats().Claim.Polls
+		ids := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "a"}, driver.NewWork{Category: driver.Outbox, StreamID: "b"})
+		waitFor(t, time.Second, "both handled", func() bool {
+			return rowGone(s, driver.Outbox, ids[0]) && rowGone(s, driver.Outbox, ids[1])
+		})
+		time.Sleep(time.Second)
+		stop(t, p)
+		if got := p.Stats().Claim.Polls - before; got != 2 {
+			t.Fatalf("%d claims, want 2: the one the signal caused, and one after the flush of both", got)
+		}
+	})
+}
