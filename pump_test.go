@@ -500,6 +500,20 @@ func signalOnlyOptions() workpump.Options {
 	return o
 }
 
+// startSignalOnly starts a pump with signalOnlyOptions and h for every
+// outbox item.
+func startSignalOnly(t *testing.T, s *memdriver.Store, h workpump.Handler) *workpump.Pump {
+	t.Helper()
+	p := newPump(t, s, signalOnlyOptions())
+	if err := p.Handle(driver.Outbox, "", h); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestPump_CompletionWakesClaimForBlockedStreamRow: B, enqueued while A (its
 // stream's earlier row) is leased, is skipped by the claim B's signal
 // causes. No signal comes when A is done, so A's completion must have a
@@ -508,11 +522,10 @@ func signalOnlyOptions() workpump.Options {
 func TestPump_CompletionWakesClaimForBlockedStreamRow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := memdriver.New(memdriver.Options{})
-		p := newPump(t, s, signalOnlyOptions())
 		release := make(chan struct{})
 		var order []string
 		var mu sync.Mutex
-		if err := p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+		p := startSignalOnly(t, s, func(ctx context.Context, w workpump.Work) error {
 			if string(w.Payload) == "A" {
 				<-release
 			}
@@ -520,12 +533,7 @@ func TestPump_CompletionWakesClaimForBlockedStreamRow(t *testing.T) {
 			order = append(order, string(w.Payload))
 			mu.Unlock()
 			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+		})
 		enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "s", Payload: []byte("A")})
 		synctest.Wait()
 		before := p.Stats().Claim.Polls
@@ -549,13 +557,7 @@ func TestPump_CompletionWakesClaimForBlockedStreamRow(t *testing.T) {
 func TestPump_IsolatedItemCostsOneClaim(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := memdriver.New(memdriver.Options{})
-		p := newPump(t, s, signalOnlyOptions())
-		if err := p.Handle(driver.Outbox, "", func(context.Context, workpump.Work) error { return nil }); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+		p := startSignalOnly(t, s, func(context.Context, workpump.Work) error { return nil })
 		synctest.Wait()
 		before := p.Stats().Claim.Polls
 		const n = 5
@@ -580,13 +582,7 @@ func TestPump_IsolatedItemCostsOneClaim(t *testing.T) {
 func TestPump_FlowingCompletionsAskForAClaim(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := memdriver.New(memdriver.Options{})
-		p := newPump(t, s, signalOnlyOptions())
-		if err := p.Handle(driver.Outbox, "", func(context.Context, workpump.Work) error { return nil }); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+		p := startSignalOnly(t, s, func(context.Context, workpump.Work) error { return nil })
 		synctest.Wait()
 		before := p.Stats().Claim.Polls
 		ids := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "a"}, driver.NewWork{Category: driver.Outbox, StreamID: "b"})

@@ -264,10 +264,11 @@ func (w *ClaimWorker) RequestImmediatePoll() {
 
 // ClaimsStarted counts the ClaimWork calls begun so far, including one in
 // flight. A claim skips rows of a stream whose earlier row is leased, and
-// nothing signals when that row is done, so whoever completes a leased row
-// must have a claim look again, but only if a claim began after the one
-// that leased it (ClaimNumber): an earlier claim could not see later rows as
-// blocked by it. At low rates that saves one empty claim per item.
+// nothing signals when that row is done. Such a skip can only have come
+// from a claim begun after the one that leased the row (ClaimNumber): an
+// earlier claim saw the row unleased. So whoever completes a lone leased
+// row need have a claim look again only in that case; at low rates that
+// saves one empty claim per item.
 func (w *ClaimWorker) ClaimsStarted() uint64 { return w.started.Load() }
 
 // Stats returns the worker's counters.

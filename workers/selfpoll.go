@@ -39,25 +39,29 @@ type selfPoller struct {
 // oldest first. Every mark is one claim call, so they are as many as the
 // claims a linger holds (about linger/interval during a period).
 type workMarks struct {
-	at    []time.Time
-	items []int
+	marks []workMark
 	sum   int
 }
 
-// add records n items claimed at now and forgets the claims older than
-// window; it returns the items claimed within the window.
+type workMark struct {
+	at    time.Time
+	items int
+}
+
+// add records n items claimed at now and forgets the claims window or more
+// before now; it returns the items claimed within the window.
 func (m *workMarks) add(now time.Time, n int, window time.Duration) int {
 	if n > 0 {
-		m.at, m.items = append(m.at, now), append(m.items, n)
+		m.marks = append(m.marks, workMark{at: now, items: n})
 		m.sum += n
 	}
 	drop := 0
-	for drop < len(m.at) && now.Sub(m.at[drop]) >= window {
-		m.sum -= m.items[drop]
+	for drop < len(m.marks) && now.Sub(m.marks[drop].at) >= window {
+		m.sum -= m.marks[drop].items
 		drop++
 	}
 	if drop > 0 {
-		m.at, m.items = append(m.at[:0], m.at[drop:]...), append(m.items[:0], m.items[drop:]...)
+		m.marks = append(m.marks[:0], m.marks[drop:]...)
 	}
 	return m.sum
 }

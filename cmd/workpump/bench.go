@@ -349,10 +349,7 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	defer stopAll()
 	// Let the instances register and go idle, as in production.
 	time.Sleep(500 * time.Millisecond)
-	var polls0 uint64
-	for _, p := range pumps {
-		polls0 += p.Stats().Claim.Polls
-	}
+	polls0, _ := claimCounts(pumps)
 	stopProfile, err := startCPUProfile(c.cpuProfile)
 	if err != nil {
 		return benchResult{}, err
@@ -406,11 +403,7 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	}
 	took := time.Since(begin)
 	stopProfile()
-	var claims, periods uint64
-	for _, p := range pumps {
-		st := p.Stats().Claim
-		claims, periods = claims+st.Polls, periods+st.SelfPollPeriods
-	}
+	claims, periods := claimCounts(pumps)
 	claims -= polls0
 	var lat []float64
 	committed.Range(func(k, v any) bool {
@@ -433,6 +426,15 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	fmt.Fprintf(out, "pickup latency (enqueue commit -> handler start): p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n", res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
 	fmt.Fprintf(out, "claims: %d (%.2f per item), self-polling periods: %d\n", claims, float64(claims)/float64(total), periods)
 	return res, nil
+}
+
+// claimCounts sums the pumps' claims and self-polling periods so far.
+func claimCounts(pumps []*workpump.Pump) (claims, periods uint64) {
+	for _, p := range pumps {
+		st := p.Stats().Claim
+		claims, periods = claims+st.Polls, periods+st.SelfPollPeriods
+	}
+	return claims, periods
 }
 
 // senderCount is the continuous load generator's pool of committing goroutines.
