@@ -101,6 +101,28 @@ func TestRenderQuotesSchemaEverywhere(t *testing.T) {
 	}
 }
 
+// TestClaimableSQLNamesOnlyQuotedTables: the claim gate reads only the
+// schema's own tables, each by its quoted schema, and only the argument
+// expressions it was given.
+func TestClaimableSQLNamesOnlyQuotedTables(t *testing.T) {
+	text := migrations.ClaimableSQL("my_schema", "$1::uuid", "$2::text[]", "$5::timestamptz")
+	froms := strings.Count(text, " FROM ")
+	if want := 1 + 2*len(driver.Categories); froms != want {
+		t.Fatalf("%d FROM clauses, want %d (the instance and two probes per category): %s", froms, want, text)
+	}
+	if q := strings.Count(text, ` FROM "my_schema".wp_`); q != froms {
+		t.Fatalf("%d of %d FROM clauses name a quoted schema table: %s", q, froms, text)
+	}
+	for _, c := range driver.Categories {
+		if !strings.Contains(text, `"my_schema".`+migrations.Table(string(c))+" ") {
+			t.Fatalf("the gate never probes %s: %s", c, text)
+		}
+	}
+	if strings.Contains(text, "$3") || strings.Contains(text, "$4") {
+		t.Fatalf("the gate uses parameters it was not given: %s", text)
+	}
+}
+
 func TestChannel(t *testing.T) {
 	id := "0190f3a0-1111-7222-8333-444455556666"
 	a, b := migrations.Channel("alpha", id), migrations.Channel("beta", id)

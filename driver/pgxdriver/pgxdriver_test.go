@@ -842,7 +842,7 @@ func TestMigrateHelper(t *testing.T) {
 // the in-transaction completion do not, and SynchronousAcks turns it off.
 func TestAcksCommitAsynchronouslyUnlessAsked(t *testing.T) {
 	const async = "set_config('synchronous_commit', 'off', true)"
-	st := newStatements("s", false, false)
+	st := newStatements("s", false, false, true)
 	for name, text := range map[string]string{"complete": st.complete, "fail": st.fail, "release": st.release, "renew": st.renew} {
 		if !strings.Contains(text, async) {
 			t.Errorf("%s = %s, want an async commit", name, text)
@@ -853,7 +853,7 @@ func TestAcksCommitAsynchronouslyUnlessAsked(t *testing.T) {
 			t.Errorf("%s = %s, want the caller's commit mode", name, text)
 		}
 	}
-	sync := newStatements("s", true, false)
+	sync := newStatements("s", true, false, true)
 	for name, text := range map[string]string{"complete": sync.complete, "fail": sync.fail, "release": sync.release, "renew": sync.renew} {
 		if strings.Contains(text, "synchronous_commit") {
 			t.Errorf("SynchronousAcks: %s = %s, want a plain call", name, text)

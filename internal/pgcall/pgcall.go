@@ -122,6 +122,18 @@ func CommitModes(syncAcks, asyncClaims bool) (ack, claim Renderer) {
 	return ack, claim
 }
 
+// GatedClaimSQL renders the claim call with r (the CommitModes claim
+// renderer) and Dollar placeholders, followed by migrations.ClaimableSQL
+// over its arguments as a WHERE clause: on idle queues Postgres answers
+// from the clause's index probes and never starts the PL/pgSQL function.
+// It pays only for a statement prepared once with its plan cached (see
+// pgxdriver's newStatements); bundriver, whose statements bun interpolates
+// and Postgres plans on every call, keeps the plain call.
+func GatedClaimSQL(r Renderer, schema string) string {
+	arg := func(i int) string { return Dollar(i) + "::" + Claim.Params[i-1] }
+	return r(Claim, schema, Dollar) + " WHERE " + migrations.ClaimableSQL(schema, arg(1), arg(2), arg(5))
+}
+
 // DeadCountSQL counts the dead letters of schema.
 func DeadCountSQL(schema string) string {
 	return `SELECT count(*) FROM "` + schema + `".wp_dead_letters`
