@@ -13,6 +13,9 @@ func signalCases() []testCase {
 		{name: "Signals/ListenReportsGateAvailable", needs: needSignals, run: signalAvailable},
 		{name: "Signals/EnqueueWakesOnlyTheRankOwner", needs: needSignals, run: signalRankOwner},
 		{name: "Signals/EnqueueWakesTheStreamOwner", needs: needSignals, run: signalStreamOwner},
+		{name: "Signals/SettleWakesTheRankOwner/Complete", needs: needSignals, run: func(e *env) { signalSettle(e, "Complete") }},
+		{name: "Signals/SettleWakesTheRankOwner/Fail", needs: needSignals, run: func(e *env) { signalSettle(e, "Fail") }},
+		{name: "Signals/SettleWakesTheRankOwner/Release", needs: needSignals, run: func(e *env) { signalSettle(e, "Release") }},
 		{name: "Signals/ScheduledEnqueueSendsNothing", needs: needSignals, run: signalScheduled},
 		{name: "Signals/AssignedIDBatchWakesItsClaimers", needs: needSignals, run: signalAssignedIDs},
 		{name: "Signals/CleanupSendsOrphanToSurvivors", needs: needSignals, run: signalCleanupOrphan},
@@ -117,6 +120,31 @@ func signalStreamOwner(e *env) {
 	e.wantWake(sa, "A (stream owner)", work(driver.Receptor))
 	e.enqueue(item(driver.Inbox, e.streamFor("free", ids, b)))
 	e.wantWake(sb, "B", work(driver.Inbox)) // not the owned stream's receptor
+}
+
+// signalSettle: A owns stream s (it claimed s's first row alone), then B
+// joins and s ranks to B. A row of s enqueued now is announced to A, the
+// owner. When A acknowledges (op) its last row of s without claiming again,
+// its ownership ends and the pending row is B's to claim (with the head,
+// if released): B must be woken
+// (with the settled row's category), or it would learn of the row only at
+// its next poll, and B's claim takes the row.
+func signalSettle(e *env, op string) {
+	a, b, s, head := twoWithOwner(e, "settle-"+op)
+	sa, sb := e.listen(a), e.listen(b)
+	next := item(driver.Receptor, s)
+	e.enqueue(next)
+	e.wantWake(sa, "A (stream owner)", work(driver.Receptor))
+	e.wantAck(op+" of A's only row of the stream", e.ackCall(op, a, head.Ref()), 1, nil, nil)
+	if so, ok := e.owner(s); ok {
+		e.t.Fatalf("%s of A's last row left the ownership row %+v", op, so)
+	}
+	e.wantWake(sb, "B (rank owner once A's ownership ended)", work(head.Category))
+	want := []uuid.UUID{next.ID}
+	if op == "Release" {
+		want = []uuid.UUID{head.ID, next.ID} // released, the head is claimable again
+	}
+	e.wantIDs("B's claim after the wake", e.claim(b).Work, want...)
 }
 
 func signalScheduled(e *env) {

@@ -12,7 +12,12 @@ import (
 type SignalKind int
 
 const (
-	// SignalWork: new work for Category was committed for this instance.
+	// SignalWork: new work for Category was committed for this instance,
+	// or a peer's ownership of a stream whose rank moved to this instance
+	// ended on a row of Category (Complete, Fail or Release of the peer's
+	// last leased row of the stream): rows of the stream announced to the
+	// peer are this instance's now. The second kind is sent whether or not
+	// such rows exist (a store need not know), only while ranks are in flux.
 	SignalWork SignalKind = iota + 1
 	// SignalOrphan: a peer was evicted; its work may now be this instance's.
 	SignalOrphan

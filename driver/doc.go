@@ -48,7 +48,10 @@
 // whichever instance claimed them first. A stream whose ownership ended
 // this way has no ownership row any more (GetStreamOwner reports ok=false);
 // streams released by CleanupStale or Deregister keep an ownerless row until
-// Purge removes it.
+// Purge removes it. When such an ending hands a stream to a rank owner other
+// than the caller, stores with signals wake that rank owner (SignalWork with
+// the settled row's category): rows of the stream enqueued meanwhile were
+// announced to the former owner.
 //
 // Completion, failure, dead letters. Complete removes a row (inbox rows are
 // kept, marked processed, so a redelivered message id is deduplicated until it

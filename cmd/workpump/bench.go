@@ -53,7 +53,7 @@ type benchResult struct {
 	SelfPollPeriods    int64   `json:"self_poll_periods,omitempty"` // continuous
 	// idle mode
 	HeartbeatsPerInstanceMinute float64          `json:"heartbeats_per_instance_minute,omitempty"`
-	Claims                      int64            `json:"claims,omitempty"` // idle, continuous
+	Claims                      int64            `json:"claims,omitempty"` // every mode: ClaimWork calls
 	OtherWrites                 int64            `json:"other_write_calls,omitempty"`
 	RowsWritten                 map[string]int64 `json:"rows_written,omitempty"`
 }
@@ -302,7 +302,7 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	defer stopProfile()
 	var completed atomic.Int64
 	start := time.Now()
-	_, stopAll, err := startPumps(ctx, c, be, func(context.Context, workpump.Work) error { return nil }, &completed)
+	pumps, stopAll, err := startPumps(ctx, c, be, func(context.Context, workpump.Work) error { return nil }, &completed)
 	if err != nil {
 		return benchResult{}, err
 	}
@@ -322,8 +322,11 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	}
 	took := time.Since(start)
 	stopProfile()
-	fmt.Fprintf(out, "drained %d items in %.2fs: %.0f items/s (claim, no-op handler, completion)\n", c.n, took.Seconds(), float64(c.n)/took.Seconds())
-	return benchResult{Items: c.n, Seconds: took.Seconds(), ItemsPerSec: float64(c.n) / took.Seconds(), EnqueueItemsPerSec: float64(c.n) / enq.Seconds()}, nil
+	claims, _ := claimCounts(pumps)
+	fmt.Fprintf(out, "drained %d items in %.2fs: %.0f items/s (claim, no-op handler, completion), %d claims (%.0f items per claim)\n",
+		c.n, took.Seconds(), float64(c.n)/took.Seconds(), claims, float64(c.n)/float64(claims))
+	return benchResult{Items: c.n, Seconds: took.Seconds(), ItemsPerSec: float64(c.n) / took.Seconds(), EnqueueItemsPerSec: float64(c.n) / enq.Seconds(),
+		Claims: int64(claims)}, nil
 }
 
 func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writer) (benchResult, error) {

@@ -247,7 +247,9 @@ func (s *Store) unlease(r *row) {
 // settle clears r's lease (a row completed, failed or released); when that
 // was the holder's last leased row of its stream and owner owns the stream,
 // the ownership ends and its row is deleted (the stream returns to its rank
-// owner).
+// owner). A rank owner other than owner is woken with r's category, as
+// wp_settle_streams does: rows of the stream enqueued meanwhile were
+// announced to the owner, which no longer takes them.
 func (s *Store) settle(r *row, owner uuid.UUID) {
 	holder := r.instance
 	r.instance = uuid.Nil
@@ -258,6 +260,11 @@ func (s *Store) settle(r *row, owner uuid.UUID) {
 	}
 	if st.unhold(holder) && owner != uuid.Nil && st.row && st.owner == owner {
 		st.endRow()
+		if len(s.live) > 1 {
+			if to := s.live[r.w.Partition%len(s.live)]; to != owner {
+				s.deliver(to, driver.Signal{Kind: driver.SignalWork, Category: r.w.Category})
+			}
+		}
 	}
 	s.streams.dropIfEmpty(r.w.StreamID, st)
 }

@@ -805,22 +805,18 @@ $fn$;
 -- stream. (OFFSET 0 keeps each NOT EXISTS a per-stream index probe: as an
 -- anti-join a stale row estimate could make it scan every blocker row once
 -- per stream.)
-CREATE FUNCTION {{.S}}.wp_settle_streams(p_instance_id uuid, p_streams text[]) RETURNS void
-LANGUAGE plpgsql
-SET enable_seqscan = off
-SET jit = off
-AS $fn$
-#variable_conflict use_column
-DECLARE
-{{- range .Cats}}
-    v_{{.Name}} boolean;
-{{- end}}
-BEGIN
-    SELECT {{range $i, $c := .Cats}}{{if $i}},
-           {{end}}EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
-                    WHERE t.{{.Done}} IS NULL AND t.stream_id <> ''
-                      AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)){{end}}
-      INTO {{range $i, $c := .Cats}}{{if $i}}, {{end}}v_{{.Name}}{{end}};
+--
+-- p_parts and p_cats, parallel to p_streams, are the partition and category
+-- of each settled row. An ownership that ends on a stream whose partition
+-- now ranks to another live instance (ranks moved while it was owned) wakes
+-- that instance with a NOTIFY of the row's category: rows of the stream
+-- enqueued meanwhile were announced to the owner, which no longer takes
+-- them, and the rank owner would otherwise find them only at its next
+-- claim (its safety-net poll, seconds away, when idle). No index finds a
+-- stream's fresh rows, so the wake goes whether or not one is pending; in
+-- the steady state every settled stream ranks to its owner and nothing is
+-- sent.
+{{- define "settleDelete"}}
     DELETE FROM {{.S}}.wp_active_streams a
      WHERE a.ctid = ANY (ARRAY(
         SELECT s.ctid FROM {{.S}}.wp_active_streams s
@@ -834,10 +830,60 @@ BEGIN
                   OFFSET 0))
 {{- end}}
          ORDER BY s.stream_id
-           FOR UPDATE));
+           FOR UPDATE))
+{{- end}}
+CREATE FUNCTION {{.S}}.wp_settle_streams(
+    p_instance_id uuid,
+    p_streams     text[],
+    p_parts       integer[] DEFAULT NULL,
+    p_cats        text[] DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET jit = off
+AS $fn$
+#variable_conflict use_column
+DECLARE
+{{- range .Cats}}
+    v_{{.Name}} boolean;
+{{- end}}
+    v_live uuid[];
+    v_gone text[];
+BEGIN
+    SELECT {{range $i, $c := .Cats}}{{if $i}},
+           {{end}}EXISTS (SELECT 1 FROM {{$.S}}.{{.Table}} t
+                    WHERE t.{{.Done}} IS NULL AND t.stream_id <> ''
+                      AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)){{end}}
+      INTO {{range $i, $c := .Cats}}{{if $i}}, {{end}}v_{{.Name}}{{end}};
+    IF p_parts IS NOT NULL AND cardinality(p_parts) = cardinality(p_streams) THEN
+        v_live := ARRAY(SELECT i.instance_id FROM {{.S}}.wp_service_instances i ORDER BY i.instance_id);
+    END IF;
+    IF cardinality(v_live) > 1 AND EXISTS (
+           SELECT 1 FROM unnest(p_parts) AS p(part)
+            WHERE v_live[(p.part % cardinality(v_live)) + 1] <> p_instance_id) THEN
+        WITH d AS ({{template "settleDelete" .}}
+            RETURNING a.stream_id)
+        SELECT array_agg(d.stream_id) INTO v_gone FROM d;
+        IF v_gone IS NOT NULL THEN
+            PERFORM pg_notify({{.S}}.wp_channel(x.target), x.cat)
+               FROM (SELECT DISTINCT f.target, f.cat
+                       FROM (SELECT v_live[(u.part % cardinality(v_live)) + 1] AS target, u.cat, u.s
+                               FROM unnest(p_streams, p_parts, p_cats) AS u(s, part, cat)) f
+                      WHERE f.target <> p_instance_id AND f.cat IS NOT NULL AND f.s = ANY (v_gone)) x;
+        END IF;
+    ELSE{{template "settleDelete" .}};
+    END IF;
 END
 $fn$;
 
+{{/* Appends one category's settled rows (x_streams, x_parts) to the
+arguments of wp_settle_streams (v_streams, v_parts, v_scats). */}}
+{{- define "settleCollect"}}
+            IF x_streams IS NOT NULL THEN
+                v_streams := v_streams || x_streams;
+                v_parts := v_parts || x_parts;
+                v_scats := v_scats || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_streams)]);
+            END IF;
+{{- end}}
 -- wp_complete completes handed-out attempts (parallel arrays category, id,
 -- attempts), fenced: only rows still leased to p_instance_id at that attempt
 -- are applied. Rows are deleted, except inbox rows, which are kept with
@@ -866,6 +912,9 @@ DECLARE
     v_streams text[] := '{}';
     x_ids     uuid[];
     x_streams text[];
+    x_parts   integer[];
+    v_parts   integer[] := '{}';
+    v_scats   text[] := '{}';
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_categories) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_attempts) THEN
         RAISE EXCEPTION 'workpump: wp_complete: argument arrays differ in length' USING ERRCODE = '22023';
@@ -881,24 +930,26 @@ BEGIN
                SET {{.Done}} = v_now, instance_id = NULL, lease_expiry = NULL
               FROM r
              WHERE t.{{.Key}} = r.k AND t.attempts = r.att AND t.instance_id = p_instance_id
-            RETURNING t.{{.Key}} AS k, t.stream_id)
+            RETURNING t.{{.Key}} AS k, t.stream_id, t.partition_number)
 {{- else}}
         d AS (
             DELETE FROM {{$.S}}.{{.Table}} t
              USING r
              WHERE t.{{.Key}} = r.k AND t.attempts = r.att AND t.instance_id = p_instance_id
-            RETURNING t.{{.Key}} AS k, t.stream_id)
+            RETURNING t.{{.Key}} AS k, t.stream_id, t.partition_number)
 {{- end}}
-        SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> '') INTO x_ids, x_streams FROM d;
+        SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> ''),
+               array_agg(d.partition_number) FILTER (WHERE d.stream_id <> '')
+          INTO x_ids, x_streams, x_parts FROM d;
         IF x_ids IS NOT NULL THEN
             v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_ids)]);
             v_ids := v_ids || x_ids;
-            v_streams := v_streams || COALESCE(x_streams, '{}');
+            {{- template "settleCollect" .}}
         END IF;
     END IF;
 {{- end}}
     IF cardinality(v_streams) > 0 THEN
-        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams);
+        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams, v_parts, v_scats);
     END IF;
     RETURN QUERY SELECT u.c, u.k FROM unnest(v_cat, v_ids) AS u(c, k);
 END
@@ -933,6 +984,9 @@ DECLARE
     v_dead    boolean[] := '{}';
     v_streams text[] := '{}';
     x_streams text[];
+    x_parts   integer[];
+    v_parts   integer[] := '{}';
+    v_scats   text[] := '{}';
     d_tid     tid[];
     d_err     text[];
     d_ids     uuid[];
@@ -954,12 +1008,12 @@ BEGIN
         -- letters and retries (tid-addressed, so no plan depends on how
         -- many rows the arrays hold).
         WITH lk AS (
-            SELECT x.tid, x.k, x.attempts, x.stream_id, f.err, f.after_ns
+            SELECT x.tid, x.k, x.attempts, x.stream_id, x.partition_number, f.err, f.after_ns
               FROM (SELECT u.k, u.att, COALESCE(u.err, '') AS err, u.after_ns
                       FROM unnest(p_categories, p_ids, p_attempts, p_errors, p_retry_after_ns) AS u(cat, k, att, err, after_ns)
                      WHERE u.cat = '{{.Name}}' ORDER BY u.k) f
              CROSS JOIN LATERAL (
-                SELECT t.ctid AS tid, t.{{.Key}} AS k, t.attempts, t.stream_id FROM {{$.S}}.{{.Table}} t
+                SELECT t.ctid AS tid, t.{{.Key}} AS k, t.attempts, t.stream_id, t.partition_number FROM {{$.S}}.{{.Table}} t
                  WHERE t.{{.Key}} = f.k AND t.attempts = f.att AND t.instance_id = p_instance_id
                    FOR UPDATE OF t) x)
         SELECT array_agg(lk.tid) FILTER (WHERE lk.attempts >= p_max_attempts),
@@ -969,8 +1023,9 @@ BEGIN
                array_agg(lk.err) FILTER (WHERE lk.attempts < p_max_attempts),
                array_agg(lk.after_ns) FILTER (WHERE lk.attempts < p_max_attempts),
                array_agg(lk.k) FILTER (WHERE lk.attempts < p_max_attempts),
-               array_agg(lk.stream_id) FILTER (WHERE lk.stream_id <> '')
-          INTO d_tid, d_err, d_ids, r_tid, r_err, r_after, r_ids, x_streams
+               array_agg(lk.stream_id) FILTER (WHERE lk.stream_id <> ''),
+               array_agg(lk.partition_number) FILTER (WHERE lk.stream_id <> '')
+          INTO d_tid, d_err, d_ids, r_tid, r_err, r_after, r_ids, x_streams, x_parts
           FROM lk;
         IF d_tid IS NOT NULL THEN
             WITH dl AS (
@@ -1000,11 +1055,11 @@ BEGIN
             v_ids := v_ids || r_ids;
             v_dead := v_dead || array_fill(false, ARRAY[cardinality(r_ids)]);
         END IF;
-        v_streams := v_streams || COALESCE(x_streams, '{}');
+        {{- template "settleCollect" .}}
     END IF;
 {{- end}}
     IF cardinality(v_streams) > 0 THEN
-        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams);
+        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams, v_parts, v_scats);
     END IF;
     RETURN QUERY SELECT u.c, u.k, u.d FROM unnest(v_cat, v_ids, v_dead) AS u(c, k, d);
 END
@@ -1031,6 +1086,9 @@ DECLARE
     v_streams text[] := '{}';
     x_ids     uuid[];
     x_streams text[];
+    x_parts   integer[];
+    v_parts   integer[] := '{}';
+    v_scats   text[] := '{}';
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_categories) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_attempts) THEN
         RAISE EXCEPTION 'workpump: wp_release: argument arrays differ in length' USING ERRCODE = '22023';
@@ -1049,17 +1107,19 @@ BEGIN
             UPDATE {{$.S}}.{{.Table}} t
                SET instance_id = NULL, lease_expiry = NULL, attempts = t.attempts - 1
              WHERE t.ctid = ANY (ARRAY(SELECT lk.tid FROM lk))
-            RETURNING t.{{.Key}} AS k, t.stream_id)
-        SELECT array_agg(up.k), array_agg(up.stream_id) FILTER (WHERE up.stream_id <> '') INTO x_ids, x_streams FROM up;
+            RETURNING t.{{.Key}} AS k, t.stream_id, t.partition_number)
+        SELECT array_agg(up.k), array_agg(up.stream_id) FILTER (WHERE up.stream_id <> ''),
+               array_agg(up.partition_number) FILTER (WHERE up.stream_id <> '')
+          INTO x_ids, x_streams, x_parts FROM up;
         IF x_ids IS NOT NULL THEN
             v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_ids)]);
             v_ids := v_ids || x_ids;
-            v_streams := v_streams || COALESCE(x_streams, '{}');
+            {{- template "settleCollect" .}}
         END IF;
     END IF;
 {{- end}}
     IF cardinality(v_streams) > 0 THEN
-        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams);
+        PERFORM {{.S}}.wp_settle_streams(p_instance_id, v_streams, v_parts, v_scats);
     END IF;
     RETURN QUERY SELECT u.c, u.k FROM unnest(v_cat, v_ids) AS u(c, k);
 END
