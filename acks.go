@@ -86,10 +86,11 @@ func (p *Pump) flushCompletions(ctx context.Context, cs []completion) error {
 	// backoff. A lone item from the last claim begun cannot have blocked
 	// anything a claim skipped, so it asks for no claim: at low rates that
 	// halves the claims. A larger flush means work is flowing, and then
-	// the claim is asked for in any case: when an instance joins, ranks
-	// move, and rows already announced to their former rank owner route
-	// here unannounced. (A peer that settles a stream whose rank moved to
-	// this instance does signal it; see driver.SignalWork.)
+	// the claim is asked for in any case: it costs little next to the
+	// flow, and it catches rows whose routing moved here with no signal
+	// (a peer's stream lease that expired; joins, evictions and peers'
+	// settles do signal, see driver.SignalRanks and SignalWork). Before
+	// settles signalled, 4-instance burn-downs stalled without it.
 	if len(cs) > 1 || p.claimedSince(oldest) {
 		p.requestPoll()
 	}

@@ -575,9 +575,9 @@ func TestPump_IsolatedItemCostsOneClaim(t *testing.T) {
 
 // TestPump_FlowingCompletionsAskForAClaim: a flush of several completions
 // asks for a claim even when no claim began after theirs. Work is flowing,
-// and rows announced to a former rank owner may route here with no signal
-// after an instance joins (before peers signalled their settles, a
-// 4-instance burn-down stalled on the safety-net poll without this).
+// and rows may route here with no signal (a peer's expired stream lease;
+// before peers signalled their settles, a 4-instance burn-down stalled on
+// the safety-net poll without this).
 // Two items of two streams come in one claim and are acknowledged in one
 // flush; one more claim follows it.
 func TestPump_FlowingCompletionsAskForAClaim(t *testing.T) {

@@ -17,6 +17,7 @@ func signalCases() []testCase {
 		{name: "Signals/SettleWakesTheRankOwner/Fail", needs: needSignals, run: func(e *env) { signalSettle(e, "Fail") }},
 		{name: "Signals/SettleWakesTheRankOwner/Release", needs: needSignals, run: func(e *env) { signalSettle(e, "Release") }},
 		{name: "Signals/ScheduledEnqueueSendsNothing", needs: needSignals, run: signalScheduled},
+		{name: "Signals/RegistrationTellsThePeersRanksMoved", needs: needSignals, run: signalJoin},
 		{name: "Signals/AssignedIDBatchWakesItsClaimers", needs: needSignals, run: signalAssignedIDs},
 		{name: "Signals/CleanupSendsOrphanToSurvivors", needs: needSignals, run: signalCleanupOrphan},
 		{name: "Signals/DeregisterSendsOrphanToSurvivors", needs: needSignals, run: signalDeregisterOrphan},
@@ -49,7 +50,7 @@ func (e *env) waitSignal(sub driver.Subscription, who string, match func(driver.
 }
 
 func isWake(s driver.Signal) bool {
-	return s.Kind == driver.SignalWork || s.Kind == driver.SignalOrphan
+	return s.Kind == driver.SignalWork || s.Kind == driver.SignalOrphan || s.Kind == driver.SignalRanks
 }
 
 // nextWake returns sub's next work or orphan signal (gate changes skipped).
@@ -145,6 +146,26 @@ func signalSettle(e *env, op string) {
 		want = []uuid.UUID{head.ID, next.ID} // released, the head is claimable again
 	}
 	e.wantIDs("B's claim after the wake", e.claim(b).Work, want...)
+}
+
+// signalJoin: a first registration tells every other instance that ranks
+// moved (rows announced to their former rank owner are announced to no one
+// else); a later heartbeat of the same instance tells no one.
+func signalJoin(e *env) {
+	ids := sortedIDs(3)
+	a, b, c := ids[0], ids[1], ids[2]
+	e.register(a, b)
+	sa, sb := e.listen(a), e.listen(b)
+	e.register(c)
+	ranks := driver.Signal{Kind: driver.SignalRanks}
+	e.wantWake(sa, "A", ranks)
+	e.wantWake(sb, "B", ranks)
+	e.register(a, b, c) // heartbeats of registered instances
+	live := []uuid.UUID{a, b, c}
+	e.enqueue(item(driver.Inbox, e.streamFor("after-a", live, a)))
+	e.wantWake(sa, "A", work(driver.Inbox)) // not a second "ranks"
+	e.enqueue(item(driver.Outbox, e.streamFor("after-b", live, b)))
+	e.wantWake(sb, "B", work(driver.Outbox))
 }
 
 func signalScheduled(e *env) {

@@ -25,6 +25,10 @@ const (
 	SignalGateAvailable
 	// SignalGateUnavailable: the listener is down; poll at the tight base.
 	SignalGateUnavailable
+	// SignalRanks: another instance registered, so partitions moved between
+	// the live instances' ranks: rows announced to their former rank owner
+	// and not yet claimed may be this instance's now.
+	SignalRanks
 )
 
 // String names k.
@@ -38,6 +42,8 @@ func (k SignalKind) String() string {
 		return "gate-available"
 	case SignalGateUnavailable:
 		return "gate-unavailable"
+	case SignalRanks:
+		return "ranks"
 	}
 	return "unknown"
 }

@@ -63,7 +63,8 @@
 // attempt is not applied and is reported in Lost.
 //
 // Instances. RecordHeartbeat upserts the caller's instance row with
-// last heartbeat = now, then, only if some other instance is older than
+// last heartbeat = now (a first registration moves ranks, and stores with
+// signals tell the other instances: SignalRanks), then, only if some other instance is older than
 // StaleAfter, runs the same sweep as CleanupStale. CleanupStale removes
 // instances older than StaleAfter whose alive-lock is not held, and instances
 // older than DeadAfter regardless of the lock; it releases every lease and

@@ -327,7 +327,7 @@ func TestClaimWakeBypassesMaxBackoff(t *testing.T) {
 }
 
 func TestClaimSignalsBypassBackoff(t *testing.T) {
-	for _, k := range []driver.SignalKind{driver.SignalWork, driver.SignalOrphan, driver.SignalGateAvailable} {
+	for _, k := range []driver.SignalKind{driver.SignalWork, driver.SignalOrphan, driver.SignalRanks, driver.SignalGateAvailable} {
 		t.Run(k.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				sub := newFakeSub(true)

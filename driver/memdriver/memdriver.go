@@ -325,6 +325,12 @@ func (s *Store) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest
 		s.instances[id] = in
 		i, _ := slices.BinarySearchFunc(s.live, id, compareUUID)
 		s.live = slices.Insert(s.live, i, id)
+		// Ranks moved: tell the others, as wp_record_heartbeat does.
+		for _, o := range s.live {
+			if o != id {
+				s.deliver(o, driver.Signal{Kind: driver.SignalRanks})
+			}
+		}
 	}
 	in.inst = req.Instance
 	in.inst.Metadata = meta

@@ -405,6 +405,8 @@ func TestSignalRouting(t *testing.T) {
 	wantSignals(t, "A before registering", subA)
 	f.heartbeat(a)
 	f.heartbeat(b)
+	wantSignals(t, "A when B registered", subA, driver.Signal{Kind: driver.SignalRanks})
+	wantSignals(t, "B registering", subB)
 	// Claim everything queued so far out of the way.
 	f.claim(a, 100)
 	f.claim(b, 100)
@@ -427,6 +429,8 @@ func TestSignalRouting(t *testing.T) {
 	c := uuid.UUID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	f.heartbeat(c)
 	subC := f.listen(c)
+	wantSignals(t, "A when C registered", subA, driver.Signal{Kind: driver.SignalRanks})
+	wantSignals(t, "B when C registered", subB, driver.Signal{Kind: driver.SignalRanks})
 	f.enqueue(outbox(sb))
 	wantSignals(t, "owned stream", subB, driver.Signal{Kind: driver.SignalWork, Category: driver.Outbox})
 	wantSignals(t, "rank owner of an owned stream", subA)

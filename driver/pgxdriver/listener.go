@@ -304,6 +304,8 @@ func (s *subscription) deliver(payload string) {
 	switch {
 	case payload == "orphan":
 		sig = driver.Signal{Kind: driver.SignalOrphan}
+	case payload == "ranks":
+		sig = driver.Signal{Kind: driver.SignalRanks}
 	case driver.Category(payload).Valid():
 		sig = driver.Signal{Kind: driver.SignalWork, Category: driver.Category(payload)}
 	default:

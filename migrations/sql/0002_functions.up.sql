@@ -1215,7 +1215,9 @@ $fn$;
 -- state stored and any lock-missing note cleared) and, only when another
 -- instance is older than the stale cutoff or (with p_lock_lost_ns > 0) has
 -- lost the lock it reported, runs wp_cleanup_stale_instances. Returns the
--- evicted ids.
+-- evicted ids. A first registration NOTIFYs the other instances 'ranks':
+-- partitions moved between ranks, and rows announced to their former rank
+-- owner are announced to no one else.
 CREATE FUNCTION {{.S}}.wp_record_heartbeat(
     p_instance_id     uuid,
     p_service_name    text,
@@ -1236,6 +1238,7 @@ AS $fn$
 DECLARE
     v_now    timestamptz := COALESCE(p_now, now());
     v_others uuid[];
+    v_new    boolean;
 BEGIN
     IF p_stale_ns IS NULL OR p_stale_ns <= 0 OR p_dead_ns IS NULL OR p_dead_ns < p_stale_ns THEN
         RAISE EXCEPTION 'workpump: wp_record_heartbeat: need 0 < p_stale_ns <= p_dead_ns' USING ERRCODE = '22023';
@@ -1251,7 +1254,13 @@ BEGIN
        SET service_name = EXCLUDED.service_name, host_name = EXCLUDED.host_name,
            process_id = EXCLUDED.process_id, metadata = EXCLUDED.metadata,
            last_heartbeat_at = EXCLUDED.last_heartbeat_at,
-           reported_alive_lock = EXCLUDED.reported_alive_lock, lock_missing_since = NULL;
+           reported_alive_lock = EXCLUDED.reported_alive_lock, lock_missing_since = NULL
+    RETURNING i.xmax = 0 INTO v_new; -- xmax is 0 on an inserted row, set on an updated one
+    IF v_new THEN
+        PERFORM pg_notify({{.S}}.wp_channel(i.instance_id), 'ranks')
+           FROM {{.S}}.wp_service_instances i
+          WHERE i.instance_id <> p_instance_id;
+    END IF;
     IF EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i
                 WHERE i.instance_id <> p_instance_id
                   AND i.last_heartbeat_at < v_now - {{.S}}.wp_ns(p_stale_ns)) THEN
