@@ -102,24 +102,32 @@ func TestRenderQuotesSchemaEverywhere(t *testing.T) {
 }
 
 // TestClaimableSQLNamesOnlyQuotedTables: the claim gate reads only the
-// schema's own tables, each by its quoted schema, and only the argument
-// expressions it was given.
+// schema's own tables, each by its quoted schema, probes exactly the
+// categories it is given, and uses only the argument expressions it was
+// given.
 func TestClaimableSQLNamesOnlyQuotedTables(t *testing.T) {
-	text := migrations.ClaimableSQL("my_schema", "$1::uuid", "$2::text[]", "$5::timestamptz")
-	froms := strings.Count(text, " FROM ")
-	if want := 1 + 2*len(driver.Categories); froms != want {
-		t.Fatalf("%d FROM clauses, want %d (the instance and two probes per category): %s", froms, want, text)
-	}
-	if q := strings.Count(text, ` FROM "my_schema".wp_`); q != froms {
-		t.Fatalf("%d of %d FROM clauses name a quoted schema table: %s", q, froms, text)
-	}
-	for _, c := range driver.Categories {
-		if !strings.Contains(text, `"my_schema".`+migrations.Table(string(c))+" ") {
-			t.Fatalf("the gate never probes %s: %s", c, text)
+	for _, cats := range [][]string{{"outbox"}, {"inbox", "receptor"}, {"outbox", "inbox", "perspective_event", "receptor"}} {
+		text := migrations.ClaimableSQL("my_schema", "$1::uuid", "$5::timestamptz", cats...)
+		froms := strings.Count(text, " FROM ")
+		if want := 1 + 2*len(cats); froms != want {
+			t.Fatalf("%v: %d FROM clauses, want %d (the instance and two probes per category): %s", cats, froms, want, text)
 		}
-	}
-	if strings.Contains(text, "$3") || strings.Contains(text, "$4") {
-		t.Fatalf("the gate uses parameters it was not given: %s", text)
+		if q := strings.Count(text, ` FROM "my_schema".wp_`); q != froms {
+			t.Fatalf("%v: %d of %d FROM clauses name a quoted schema table: %s", cats, q, froms, text)
+		}
+		for _, c := range driver.Categories {
+			asked := strings.Contains(text, `"my_schema".`+migrations.Table(string(c))+" ")
+			want := false
+			for _, n := range cats {
+				want = want || n == string(c)
+			}
+			if asked != want {
+				t.Fatalf("%v: probes %s: %v", cats, c, asked)
+			}
+		}
+		if strings.Contains(text, "$2") || strings.Contains(text, "$3") || strings.Contains(text, "$4") {
+			t.Fatalf("%v: the gate uses parameters it was not given: %s", cats, text)
+		}
 	}
 }
 

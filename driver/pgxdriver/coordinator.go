@@ -56,11 +56,24 @@ type statements struct {
 	getWork, listInstances, listDead, streamOwner             string
 	stats, statsLeases, deadCount, version, aliveKey, tryLock string
 	unlock                                                    string
-	pollBegin, pollStop, pollSettle                           string // self-polling hand-shake (selfpoll.go)
+	pollBegin, pollStop, pollSettle                           string                 // self-polling hand-shake (selfpoll.go)
+	gatedClaims                                               pgcall.ClaimStatements // nil: claims use claim
+}
+
+// claimSQL returns the claim text for req: the gated one for its
+// categories when the coordinator gates claims, else the plain call.
+func (st *statements) claimSQL(req driver.ClaimRequest) string {
+	if st.gatedClaims != nil {
+		if q := st.gatedClaims.For(req); q != "" {
+			return q
+		}
+	}
+	return st.claim
 }
 
 // newStatements renders the coordinator's texts. gateClaims puts
-// migrations.ClaimableSQL in front of the claim call, which pays only
+// migrations.ClaimableSQL in front of the claim call (a text per category
+// set, pgcall.ClaimStatements), which pays only
 // where the statement is prepared once and its plan cached (pgx's default
 // QueryExecModeCacheStatement): an idle claim is then one statement of
 // index probes (about 15 % less time than the function call, BENCHMARKS.md
@@ -96,7 +109,7 @@ func newStatements(schema string, syncAcks, asyncClaims, gateClaims bool) statem
 		unlock:         `SELECT pg_advisory_unlock(` + s + `.wp_alive_lock_key($1::uuid))`,
 	}
 	if gateClaims {
-		st.claim = pgcall.GatedClaimSQL(claim, schema)
+		st.gatedClaims = pgcall.NewClaimStatements(claim, schema)
 	}
 	st.pollBegin, st.pollStop, st.pollSettle = pgcall.SelfPollSQL(schema, d)
 	st.copyInto = pgcall.NewCopyStatements(schema)
@@ -336,7 +349,7 @@ func (c *Coordinator) ClaimWork(ctx context.Context, req driver.ClaimRequest) (d
 	for i, ct := range cats {
 		names[i] = string(ct)
 	}
-	rows, err := c.pool.Query(ctx, c.sql.claim, req.InstanceID, names, req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg())
+	rows, err := c.pool.Query(ctx, c.sql.claimSQL(req), req.InstanceID, names, req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg())
 	if err != nil {
 		return driver.ClaimResult{}, c.sqlErr("ClaimWork", err)
 	}

@@ -60,6 +60,9 @@ func TestPerfReport(t *testing.T) {
 	req := driver.ClaimRequest{InstanceID: inst, Lease: 5 * time.Minute, MaxPerCategory: 1000}
 	sel1, idle := idleVsSelect1(c, req, 3000)
 	t.Logf("median round trip: SELECT 1 %v, idle ClaimWork (all categories) %v (ratio %.2f)", sel1, idle, float64(idle)/float64(sel1))
+	one := driver.ClaimRequest{InstanceID: inst, Categories: []driver.Category{driver.Outbox}, Lease: 5 * time.Minute, MaxPerCategory: 1000}
+	sel1, idle = idleVsSelect1(c, one, 3000)
+	t.Logf("median round trip: SELECT 1 %v, idle ClaimWork (outbox only) %v (ratio %.2f)", sel1, idle, float64(idle)/float64(sel1))
 
 	// Batches of 1000: enqueue, claim, complete; streamless and one stream per row.
 	for _, shape := range []string{"streamless", "1000 streams"} {

@@ -848,7 +848,11 @@ func TestAcksCommitAsynchronouslyUnlessAsked(t *testing.T) {
 			t.Errorf("%s = %s, want an async commit", name, text)
 		}
 	}
-	for name, text := range map[string]string{"claim": st.claim, "completeInTx": st.completeInTx, "enqueue": st.enqueue, "heartbeat": st.heartbeat} {
+	texts := map[string]string{"claim": st.claim, "completeInTx": st.completeInTx, "enqueue": st.enqueue, "heartbeat": st.heartbeat}
+	for mask, text := range st.gatedClaims[1:] {
+		texts[fmt.Sprintf("gated claim %d", mask+1)] = text
+	}
+	for name, text := range texts {
 		if strings.Contains(text, "synchronous_commit") {
 			t.Errorf("%s = %s, want the caller's commit mode", name, text)
 		}

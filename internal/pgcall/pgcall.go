@@ -124,14 +124,58 @@ func CommitModes(syncAcks, asyncClaims bool) (ack, claim Renderer) {
 
 // GatedClaimSQL renders the claim call with r (the CommitModes claim
 // renderer) and Dollar placeholders, followed by migrations.ClaimableSQL
-// over its arguments as a WHERE clause: on idle queues Postgres answers
-// from the clause's index probes and never starts the PL/pgSQL function.
-// It pays only for a statement prepared once with its plan cached (see
-// pgxdriver's newStatements); bundriver, whose statements bun interpolates
-// and Postgres plans on every call, keeps the plain call.
-func GatedClaimSQL(r Renderer, schema string) string {
+// for cats as a WHERE clause: on idle queues Postgres answers from the
+// clause's index probes and never starts the PL/pgSQL function. The text
+// is for claims whose categories argument ($2) names exactly cats (see
+// ClaimStatements). It pays only for a statement prepared once with its
+// plan cached (see pgxdriver's newStatements); bundriver, whose statements
+// bun interpolates and Postgres plans on every call, keeps the plain call.
+func GatedClaimSQL(r Renderer, schema string, cats []driver.Category) string {
+	names := make([]string, len(cats))
+	for i, c := range cats {
+		names[i] = string(c)
+	}
 	arg := func(i int) string { return Dollar(i) + "::" + Claim.Params[i-1] }
-	return r(Claim, schema, Dollar) + " WHERE " + migrations.ClaimableSQL(schema, arg(1), arg(2), arg(5))
+	return r(Claim, schema, Dollar) + " WHERE " + migrations.ClaimableSQL(schema, arg(1), arg(5), names...)
+}
+
+// ClaimStatements holds a gated claim text for every non-empty set of
+// categories, indexed by the set's bit mask (bit i: driver.Categories[i]),
+// since each set needs a text of its own (GatedClaimSQL).
+type ClaimStatements []string
+
+// NewClaimStatements renders the gated claim texts of every category set.
+func NewClaimStatements(r Renderer, schema string) ClaimStatements {
+	st := make(ClaimStatements, 1<<len(driver.Categories))
+	for mask := 1; mask < len(st); mask++ {
+		st[mask] = GatedClaimSQL(r, schema, categorySet(mask))
+	}
+	return st
+}
+
+// For returns the text for req's categories (all when none are named), or
+// "" when one is unknown (a request ClaimRequest.Validate rejects).
+func (st ClaimStatements) For(req driver.ClaimRequest) string {
+	mask := 0
+	for _, c := range req.CategoriesOrAll() {
+		i := slices.Index(driver.Categories, c)
+		if i < 0 {
+			return ""
+		}
+		mask |= 1 << i
+	}
+	return st[mask]
+}
+
+// categorySet lists the categories of mask (bit i: driver.Categories[i]).
+func categorySet(mask int) []driver.Category {
+	var out []driver.Category
+	for i, c := range driver.Categories {
+		if mask&(1<<i) != 0 {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // DeadCountSQL counts the dead letters of schema.
