@@ -3,7 +3,6 @@ package bundriver_test
 import (
 	"context"
 	"database/sql"
-	"flag"
 	"fmt"
 	"os"
 	"sync"
@@ -21,7 +20,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	skipDBExamples()
+	pgtest.SkipExamplesWithoutURL("bundriver", "Example_bunApplication")
 	code := m.Run()
 	closeBunDBs()
 	pgtest.CloseShared()
@@ -32,29 +31,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-// skipDBExamples keeps the Postgres example from running when there is no
-// database URL. An Example cannot skip itself (it has no *testing.T, and a
-// missing // Output: would only make it compile-only), but go test's -skip
-// pattern applies to examples too, so TestMain adds the example to it
-// before m.Run parses the flags' values into matchers. Tests are
-// unaffected: they find (or start) their database through pgtest, and skip
-// or fail there as WORKPUMP_REQUIRE_DB says.
-func skipDBExamples() {
-	if os.Getenv(pgtest.EnvURL) != "" {
-		return
-	}
-	flag.Parse()
-	skip := flag.Lookup("test.skip")
-	pat := "^Example_bunApplication$"
-	if v := skip.Value.String(); v != "" {
-		pat = v + "|" + pat
-	}
-	if err := flag.Set("test.skip", pat); err != nil {
-		panic(err)
-	}
-	fmt.Fprintf(os.Stderr, "bundriver: Example_bunApplication skipped: %s is unset\n", pgtest.EnvURL)
 }
 
 // The bun set-ups the tests run on.

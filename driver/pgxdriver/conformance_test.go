@@ -17,6 +17,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	pgtest.SkipExamplesWithoutURL("pgxdriver", "Example_pgxApplication")
 	code := m.Run()
 	pgtest.CloseShared()
 	if code == 0 {

@@ -1,0 +1,37 @@
+package migrations_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/workpump/workpump/migrations"
+)
+
+// Render gives each schema version's SQL for a migration tool of your own;
+// schema names are checked before any SQL is produced.
+func ExampleRender() {
+	ms, err := migrations.Render("shop")
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range ms {
+		fmt.Printf("%04d_%s: creates wp_ objects in \"shop\": %v\n", m.Version, m.Name, strings.Contains(m.Up, `"shop".wp_`))
+	}
+	_, err = migrations.Render(`shop"; DROP TABLE users; --`)
+	fmt.Println(errors.Is(err, migrations.ErrInvalidSchema))
+	// Output:
+	// 0001_tables: creates wp_ objects in "shop": true
+	// 0002_functions: creates wp_ objects in "shop": true
+	// true
+}
+
+// Each instance listens on a channel of its own, tagged with the schema so
+// that two schemas in one database never wake each other.
+func ExampleChannel() {
+	fmt.Println(migrations.Channel("shop", "0190a3c4-0000-7000-8000-000000000001"))
+	fmt.Println(len(migrations.Channel("a_schema_name_as_long_as_postgres_allows_it_sixty_three_bytes", "0190a3c4-0000-7000-8000-000000000001")) <= 63)
+	// Output:
+	// wp_a847e0a9_0190a3c4000070008000000000000001
+	// true
+}
