@@ -597,3 +597,63 @@ func TestPump_FlowingCompletionsAskForAClaim(t *testing.T) {
 		}
 	})
 }
+
+// TestPump_PeerSettleHandsStreamToRankOwner: A claims row 1 of stream s
+// alone and holds it; B joins, and s now ranks to B, but A owns it. Row 2
+// is announced to A, whose claim must skip it (row 1 is still leased).
+// When A completes row 1 its ownership ends, and only B may take row 2:
+// with no safety-net poll, B handles it only because A's settle signals
+// B (before that signal existed, an idle B found such rows 5-10 s later).
+func TestPump_PeerSettleHandsStreamToRankOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		lo, hi := uuid.UUID{1}, uuid.UUID{2}
+		a, b := hi, lo // B ranks first once both are live
+		stream := ""
+		for i := 0; stream == ""; i++ {
+			if cand := fmt.Sprint("s", i); driver.PartitionOf(cand, driver.DefaultPartitionCount)%2 == 0 {
+				stream = cand // rank 0 of two: B's
+			}
+		}
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var handled []string
+		start := func(id uuid.UUID, who string) *workpump.Pump {
+			o := signalOnlyOptions()
+			o.ID = id
+			p := newPump(t, s, o)
+			if err := p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+				if string(w.Payload) == "1" {
+					<-release
+				}
+				mu.Lock()
+				handled = append(handled, who+":"+string(w.Payload))
+				mu.Unlock()
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		pa := start(a, "A")
+		enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: stream, Payload: []byte("1")})
+		synctest.Wait()
+		pb := start(b, "B")
+		synctest.Wait()
+		ids := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: stream, Payload: []byte("2")})
+		synctest.Wait()
+		if rowGone(s, driver.Outbox, ids[0]) {
+			t.Fatal("row 2 was handled while row 1 was still leased")
+		}
+		close(release)
+		waitFor(t, time.Second, "row 2 handled", func() bool { return rowGone(s, driver.Outbox, ids[0]) })
+		stop(t, pa)
+		stop(t, pb)
+		if got := fmt.Sprint(handled); got != "[A:1 B:2]" {
+			t.Fatalf("handled %s, want [A:1 B:2]", got)
+		}
+	})
+}
