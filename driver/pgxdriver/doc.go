@@ -59,7 +59,12 @@
 // The coordinator works with a pool in pgx.QueryExecModeSimpleProtocol, the
 // mode PgBouncer's transaction pooling needs: every call is a single
 // statement with explicitly cast parameters, and no call relies on session
-// state (no prepared statements, no session locks, no temp tables). What
+// state (no prepared statements, no session locks, no temp tables). One
+// thing differs by mode: with pgx's default statement cache
+// (QueryExecModeCacheStatement) a claim carries its idle probes in front of
+// wp_claim_work (migrations.ClaimableSQL), so an idle claim is answered
+// without starting the function; in any other mode the statement would be
+// planned on every call, and the claim is the plain function call. What
 // needs a real session is the listener: LISTEN and the session advisory
 // alive-lock do not work through a transaction pooler. So in simple-protocol
 // mode the listener uses Options.ListenerConnString (a direct connection to
