@@ -73,8 +73,8 @@ func (st *statements) claimSQL(req driver.ClaimRequest) string {
 
 // newStatements renders the coordinator's texts. gateClaims puts
 // migrations.ClaimableSQL in front of the claim call (a text per category
-// set, pgcall.ClaimStatements), which pays only
-// where the statement is prepared once and its plan cached (pgx's default
+// set, pgcall.ClaimStatements), which pays only where the statement is
+// prepared once and its plan cached (pgx's default
 // QueryExecModeCacheStatement): an idle claim is then one statement of
 // index probes (about 15 % less time than the function call, BENCHMARKS.md
 // "Idle claim"). A statement that is planned on every call (the simple
