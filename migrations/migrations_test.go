@@ -351,6 +351,44 @@ func TestDatabaseAheadOfCode(t *testing.T) {
 	}
 }
 
+// TestWriteFunctionsPinTheirPlans: every function that runs with
+// enable_seqscan = off (the write functions) also runs with
+// plan_cache_mode = force_generic_plan, and with jit off. Under the default
+// plan cache mode PL/pgSQL re-planned some of their statements on every
+// call (BENCHMARKS.md, "Generic plans inside the functions"); a new write
+// function that forgets the setting would quietly pay that again.
+func TestWriteFunctionsPinTheirPlans(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t)
+	rows, err := db.QueryContext(context.Background(), `
+		SELECT p.proname, COALESCE(p.proconfig, '{}')
+		  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		 WHERE n.nspname = $1 AND 'enable_seqscan=off' = ANY (p.proconfig)
+		 ORDER BY 1`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var name, config string
+		if err := rows.Scan(&name, &config); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if !strings.Contains(config, "plan_cache_mode=force_generic_plan") || !strings.Contains(config, "jit=off") {
+			t.Errorf("%s runs with %s; want plan_cache_mode=force_generic_plan and jit=off beside enable_seqscan=off", name, config)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n < 10 {
+		t.Fatalf("only %d functions run with enable_seqscan=off; the write functions are missing", n)
+	}
+}
+
 // TestInjectionRejectedBeforeSQL uses a closed database handle: any SQL
 // would fail with a connection error, so ErrInvalidSchema proves the name
 // was refused first.
