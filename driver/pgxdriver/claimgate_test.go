@@ -119,18 +119,18 @@ func TestGatedClaim_IdleClaimNeverStartsTheFunction(t *testing.T) {
 	c := newTestCoordinator(t, false, nil, 0)
 	inst := uuid.Must(uuid.NewV7())
 	register(t, c, inst)
-	if q := c.sql.claimSQL(driver.ClaimRequest{}); !strings.Contains(q, " WHERE ") {
+	if q := c.sql.claimSQL(driver.Categories); !strings.Contains(q, " WHERE ") {
 		t.Fatalf("claim statement in CacheStatement mode has no gate: %s", q)
 	}
 	simple := mustNew(t, newTestCoordinator(t, true, nil, 0).pool, Options{Schema: c.opts.Schema})
-	if q := simple.sql.claimSQL(driver.ClaimRequest{}); strings.Contains(q, " WHERE ") {
+	if q := simple.sql.claimSQL(driver.Categories); strings.Contains(q, " WHERE ") {
 		t.Fatalf("claim statement in simple-protocol mode is gated: %s", q)
 	}
 
 	loops := func() float64 {
 		t.Helper()
 		var plan []map[string]any
-		if err := c.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+c.sql.claimSQL(driver.ClaimRequest{}),
+		if err := c.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+c.sql.claimSQL(driver.Categories),
 			inst, pgcall.CategoryNames(driver.ClaimRequest{}), int64(time.Minute), int32(10), nil).Scan(&plan); err != nil {
 			t.Fatal(err)
 		}
@@ -188,7 +188,7 @@ func TestGatedClaim_PlanIsCachedForEveryCategorySet(t *testing.T) {
 		}
 		var generic, custom int64
 		if err := c.pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
-			c.sql.claimSQL(req)).Scan(&generic, &custom); err != nil {
+			c.sql.claimSQL(req.CategoriesOrAll())).Scan(&generic, &custom); err != nil {
 			t.Fatalf("the claim of %v is not a prepared statement of the session: %v", cats, err)
 		}
 		if generic < 6 {

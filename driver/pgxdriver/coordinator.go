@@ -60,11 +60,12 @@ type statements struct {
 	gatedClaims                                               pgcall.ClaimStatements // nil: claims use claim
 }
 
-// claimSQL returns the claim text for req: the gated one for its
-// categories when the coordinator gates claims, else the plain call.
-func (st *statements) claimSQL(req driver.ClaimRequest) string {
+// claimSQL returns the claim text for a claim of cats (CategoriesOrAll):
+// the gated one for them when the coordinator gates claims, else the plain
+// call.
+func (st *statements) claimSQL(cats []driver.Category) string {
 	if st.gatedClaims != nil {
-		if q := st.gatedClaims.For(req); q != "" {
+		if q := st.gatedClaims.For(cats); q != "" {
 			return q
 		}
 	}
@@ -349,7 +350,7 @@ func (c *Coordinator) ClaimWork(ctx context.Context, req driver.ClaimRequest) (d
 	for i, ct := range cats {
 		names[i] = string(ct)
 	}
-	rows, err := c.pool.Query(ctx, c.sql.claimSQL(req), req.InstanceID, names, req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg())
+	rows, err := c.pool.Query(ctx, c.sql.claimSQL(cats), req.InstanceID, names, req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg())
 	if err != nil {
 		return driver.ClaimResult{}, c.sqlErr("ClaimWork", err)
 	}

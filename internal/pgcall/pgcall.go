@@ -122,7 +122,7 @@ func CommitModes(syncAcks, asyncClaims bool) (ack, claim Renderer) {
 	return ack, claim
 }
 
-// GatedClaimSQL renders the claim call with r (the CommitModes claim
+// gatedClaimSQL renders the claim call with r (the CommitModes claim
 // renderer) and Dollar placeholders, followed by migrations.ClaimableSQL
 // for cats as a WHERE clause: on idle queues Postgres answers from the
 // clause's index probes and never starts the PL/pgSQL function. The text
@@ -130,7 +130,7 @@ func CommitModes(syncAcks, asyncClaims bool) (ack, claim Renderer) {
 // ClaimStatements). It pays only for a statement prepared once with its
 // plan cached (see pgxdriver's newStatements); bundriver, whose statements
 // bun interpolates and Postgres plans on every call, keeps the plain call.
-func GatedClaimSQL(r Renderer, schema string, cats []driver.Category) string {
+func gatedClaimSQL(r Renderer, schema string, cats []driver.Category) string {
 	names := make([]string, len(cats))
 	for i, c := range cats {
 		names[i] = string(c)
@@ -141,23 +141,23 @@ func GatedClaimSQL(r Renderer, schema string, cats []driver.Category) string {
 
 // ClaimStatements holds a gated claim text for every non-empty set of
 // categories, indexed by the set's bit mask (bit i: driver.Categories[i]),
-// since each set needs a text of its own (GatedClaimSQL).
+// since each set needs a text of its own (gatedClaimSQL).
 type ClaimStatements []string
 
 // NewClaimStatements renders the gated claim texts of every category set.
 func NewClaimStatements(r Renderer, schema string) ClaimStatements {
 	st := make(ClaimStatements, 1<<len(driver.Categories))
 	for mask := 1; mask < len(st); mask++ {
-		st[mask] = GatedClaimSQL(r, schema, categorySet(mask))
+		st[mask] = gatedClaimSQL(r, schema, categorySet(mask))
 	}
 	return st
 }
 
-// For returns the text for req's categories (all when none are named), or
-// "" when one is unknown (a request ClaimRequest.Validate rejects).
-func (st ClaimStatements) For(req driver.ClaimRequest) string {
+// For returns the text for cats (a claim's CategoriesOrAll), or "" when
+// one is unknown (a request ClaimRequest.Validate rejects).
+func (st ClaimStatements) For(cats []driver.Category) string {
 	mask := 0
-	for _, c := range req.CategoriesOrAll() {
+	for _, c := range cats {
 		i := slices.Index(driver.Categories, c)
 		if i < 0 {
 			return ""

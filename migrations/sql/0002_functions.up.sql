@@ -880,7 +880,11 @@ BEGIN
                FROM (SELECT DISTINCT f.target, f.cat
                        FROM (SELECT v_live[(u.part % cardinality(v_live)) + 1] AS target, u.cat, u.s
                                FROM unnest(p_streams, p_parts, p_cats) AS u(s, part, cat)) f
-                      WHERE f.target <> p_instance_id AND f.cat IS NOT NULL AND f.s = ANY (v_gone)) x;
+                      WHERE f.target <> p_instance_id AND f.cat IS NOT NULL
+                        -- (a hashed set: "= ANY (v_gone)" would compare each
+                        -- row with every settled stream; IS TRUE keeps it
+                        -- from becoming a join)
+                        AND (f.s IN (SELECT unnest(v_gone))) IS TRUE) x;
         END IF;
     ELSE{{template "settleDelete" .}};
     END IF;
