@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/uuidv7"
 )
 
 // Enqueue stores items and returns their ids in input order. An id that
@@ -21,16 +22,15 @@ func (s *Store) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUI
 		return nil, err
 	}
 	ids := make([]uuid.UUID, len(items))
+	for i, it := range items {
+		ids[i] = it.ID
+	}
+	if err := uuidv7.FillNil(ids); err != nil {
+		return nil, fmt.Errorf("memdriver: assign ids: %w", err)
+	}
 	rows := make([]row, len(items)) // one allocation; rows never move
 	for i, it := range items {
-		id := it.ID
-		if id == uuid.Nil {
-			var err error
-			if id, err = uuid.NewV7(); err != nil {
-				return nil, fmt.Errorf("memdriver: assign id to items[%d]: %w", i, err)
-			}
-		}
-		ids[i] = id
+		id := ids[i]
 		rows[i].w = driver.Work{
 			ID:           id,
 			Category:     it.Category,

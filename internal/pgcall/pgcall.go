@@ -25,6 +25,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/uuidv7"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -245,16 +246,16 @@ func BuildEnqueue(items []driver.NewWork, partitionCount int) ([]uuid.UUID, Enqu
 		NewIDs: true,
 	}
 	for i, it := range items {
-		id := it.ID
-		if id != uuid.Nil {
+		ids[i] = it.ID
+	}
+	if err := uuidv7.FillNil(ids); err != nil {
+		return nil, EnqueueArgs{}, fmt.Errorf("assign ids: %w", err)
+	}
+	for i, it := range items {
+		id := ids[i]
+		if it.ID != uuid.Nil {
 			a.NewIDs = false
-		} else {
-			var err error
-			if id, err = uuid.NewV7(); err != nil {
-				return nil, EnqueueArgs{}, fmt.Errorf("assign id to items[%d]: %w", i, err)
-			}
 		}
-		ids[i] = id
 		a.Categories[i] = string(it.Category)
 		a.Streams[i] = it.StreamID
 		a.Partitions[i] = int32(driver.PartitionOf(driver.PartitionKey(it.StreamID, id), partitionCount))
