@@ -170,22 +170,27 @@ both, so neither pays a nested call). */}}
     -- Existing lock rows are locked first (the common case: one
     -- statement); missing ones are created, then locked too (a row another
     -- enqueue created meanwhile conflicts, and is locked after its commit).
-    v_streams := ARRAY(SELECT DISTINCT s COLLATE "C" FROM unnest(p_streams) s WHERE s <> '' ORDER BY 1);
+    -- v_streams may repeat a stream (= ANY matches each lock row once), so
+    -- only the missing streams, usually none, are sorted and deduplicated:
+    -- a DISTINCT over every item's stream was ~2 ms of a 5000-item call.
+    v_streams := array_remove(p_streams, '');
     IF cardinality(v_streams) > 0 THEN
         v_locked := ARRAY(SELECT l.stream_id FROM {{.S}}.wp_stream_locks l
                            WHERE l.stream_id = ANY (v_streams)
                            ORDER BY l.stream_id
                              FOR NO KEY UPDATE);
         IF cardinality(v_locked) < cardinality(v_streams) THEN
-            v_missing := ARRAY(SELECT s FROM unnest(v_streams) s
-                                WHERE s NOT IN (SELECT unnest(v_locked)) ORDER BY s COLLATE "C");
-            INSERT INTO {{.S}}.wp_stream_locks (stream_id)
-            SELECT s FROM unnest(v_missing) s ORDER BY s COLLATE "C"
-            ON CONFLICT (stream_id) DO NOTHING;
-            PERFORM 1 FROM {{.S}}.wp_stream_locks l
-              WHERE l.stream_id = ANY (v_missing)
-              ORDER BY l.stream_id
-                FOR NO KEY UPDATE;
+            v_missing := ARRAY(SELECT DISTINCT s COLLATE "C" FROM unnest(v_streams) s
+                                WHERE s NOT IN (SELECT unnest(v_locked)) ORDER BY 1);
+            IF cardinality(v_missing) > 0 THEN
+                INSERT INTO {{.S}}.wp_stream_locks (stream_id)
+                SELECT s FROM unnest(v_missing) s ORDER BY s COLLATE "C"
+                ON CONFLICT (stream_id) DO NOTHING;
+                PERFORM 1 FROM {{.S}}.wp_stream_locks l
+                  WHERE l.stream_id = ANY (v_missing)
+                  ORDER BY l.stream_id
+                    FOR NO KEY UPDATE;
+            END IF;
         END IF;
     END IF;
 {{- end}}
