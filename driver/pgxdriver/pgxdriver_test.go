@@ -960,18 +960,20 @@ func TestEnqueueNewIDsSkipsOnlyTheDuplicateCheck(t *testing.T) {
 }
 
 // TestEnqueuePrepareRejectsBadArguments: wp_enqueue_prepare, called
-// directly, refuses arrays of different lengths and unknown categories
-// before it locks or creates anything.
+// directly, refuses arrays of different lengths and unknown or NULL
+// categories before it locks or creates anything.
 func TestEnqueuePrepareRejectsBadArguments(t *testing.T) {
 	c := newTestCoordinator(t, false, nil, 0)
 	ctx := context.Background()
+	outboxCat := "outbox"
 	for _, tc := range []struct {
 		name, code string
-		cats       []string
+		cats       any
 		parts      []int32
 	}{
 		{"lengths", "22023", []string{"outbox", "outbox"}, []int32{1}},
 		{"category", "WP002", []string{"outbox", "bogus"}, []int32{1, 2}},
+		{"NULL category", "WP002", []*string{&outboxCat, nil}, []int32{1, 2}},
 	} {
 		var created time.Time
 		err := c.pool.QueryRow(ctx, c.sql.enqueuePrepare, tc.cats, []string{"new-a", "new-b"}, tc.parts,

@@ -309,7 +309,9 @@ BEGIN
         END IF;
         RETURN v_total;
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(p_categories) c WHERE c IS NULL OR c NOT IN ({{.CatList}})) THEN
+    -- (<@ is false for an array holding a NULL; the per-element test it
+    -- replaced cost ~1 ms per 5000 items)
+    IF NOT (p_categories <@ ARRAY[{{.CatList}}]) THEN
         RAISE EXCEPTION 'workpump: wp_enqueue: unknown category in p_categories' USING ERRCODE = 'WP002';
     END IF;
 {{template "enqueueLockStreams" .}}
@@ -395,7 +397,9 @@ BEGIN
        OR cardinality(p_scheduled_for) IS DISTINCT FROM v_n THEN
         RAISE EXCEPTION 'workpump: wp_enqueue_prepare: argument arrays differ in length' USING ERRCODE = '22023';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(p_categories) c WHERE c IS NULL OR c NOT IN ({{.CatList}})) THEN
+    -- (<@ is false for an array holding a NULL; the per-element test it
+    -- replaced cost ~1 ms per 5000 items)
+    IF NOT (p_categories <@ ARRAY[{{.CatList}}]) THEN
         RAISE EXCEPTION 'workpump: wp_enqueue_prepare: unknown category in p_categories' USING ERRCODE = 'WP002';
     END IF;
 {{template "enqueueLockStreams" .}}
