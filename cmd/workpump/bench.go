@@ -27,7 +27,7 @@ type benchConfig struct {
 	batch, maxInFlight, repeat         int
 	mode                               string
 	rate                               int
-	duration                           time.Duration
+	duration, warmup                   time.Duration
 	asJSON, reset, asyncClaims         bool
 	selfPolling                        bool
 	selfPollMinItems                   int
@@ -51,6 +51,7 @@ type benchResult struct {
 	P99Ms              float64 `json:"p99_ms"`
 	MaxMs              float64 `json:"max_ms,omitempty"`
 	SelfPollPeriods    int64   `json:"self_poll_periods,omitempty"` // continuous
+	WarmupItems        int     `json:"warmup_items,omitempty"`      // continuous: sent and handled before the measured items
 	// idle mode
 	HeartbeatsPerInstanceMinute float64          `json:"heartbeats_per_instance_minute,omitempty"`
 	Claims                      int64            `json:"claims,omitempty"` // every mode: ClaimWork calls
@@ -70,6 +71,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.mode, "mode", "burndown", "burndown (drain N items), continuous (enqueue at --rate, measure pickup latency) or idle (count what idle instances write for --duration)")
 	fs.IntVar(&c.rate, "rate", 1000, "continuous: items per second, one per transaction")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue; idle: how long to idle")
+	fs.DurationVar(&c.warmup, "warmup", 0, "continuous: first enqueue at --rate for this long, wait until those items are handled, and only then measure (steady state: every connection has planned its statements)")
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
@@ -102,6 +104,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--rate must be > 0")
 	case c.duration <= 0:
 		return usagef("--duration must be > 0")
+	case c.warmup < 0:
+		return usagef("--warmup must be >= 0")
+	case c.warmup > 0 && c.mode != "continuous":
+		return usagef("--warmup: only --mode continuous has a warm-up")
 	case c.repeat <= 0:
 		return usagef("--repeat must be > 0")
 	case c.repeat > 1 && c.schema != "":
@@ -352,52 +358,80 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	defer stopAll()
 	// Let the instances register and go idle, as in production.
 	time.Sleep(500 * time.Millisecond)
+	// The load generator: items are due at a fixed pace, and a pool of
+	// senders commits each in its own transaction, so one slow commit does
+	// not hold back the ones due after it (a serial loop tops out at one
+	// item per round trip, ~460/s here). Items of the warm-up are sent the
+	// same way but not recorded.
+	generate := func(n int, record bool) (time.Time, error) {
+		jobs := make(chan int, n)
+		errs := make(chan error, 1)
+		var senders sync.WaitGroup
+		for range senderCount(c) {
+			senders.Add(1)
+			go func() {
+				defer senders.Done()
+				for k := range jobs {
+					id, err := be.enqueueOne(ctx, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", k%c.streams), Name: "bench"})
+					if err != nil {
+						select {
+						case errs <- fmt.Errorf("enqueue: %w", err):
+						default:
+						}
+						return
+					}
+					if record {
+						committed.Store(id, time.Now())
+					}
+				}
+			}()
+		}
+		interval := time.Second / time.Duration(c.rate)
+		next := time.Now()
+		begin := next
+		for k := 0; k < n; k++ {
+			if d := time.Until(next); d > 0 {
+				time.Sleep(d)
+			}
+			next = next.Add(interval)
+			jobs <- k
+		}
+		close(jobs)
+		senders.Wait()
+		select {
+		case err := <-errs:
+			return begin, err
+		default:
+			return begin, nil
+		}
+	}
+	warm := int(float64(c.rate) * c.warmup.Seconds())
+	if warm > 0 {
+		if _, err := generate(warm, false); err != nil {
+			return benchResult{}, err
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for completed.Load() < int64(warm) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n := completed.Load(); n < int64(warm) {
+			return benchResult{}, fmt.Errorf("warm-up: only %d of %d items were handled within 30 s", n, warm)
+		}
+		completed.Store(0)
+		mu.Lock()
+		clear(started)
+		mu.Unlock()
+		fmt.Fprintf(out, "warm-up: %d items sent and handled, not measured\n", warm)
+	}
 	polls0, _ := claimCounts(pumps)
 	stopProfile, err := startCPUProfile(c.cpuProfile)
 	if err != nil {
 		return benchResult{}, err
 	}
 	defer stopProfile()
-	// The load generator: items are due at a fixed pace, and a pool of
-	// senders commits each in its own transaction, so one slow commit does
-	// not hold back the ones due after it (a serial loop tops out at one
-	// item per round trip, ~460/s here).
-	jobs := make(chan int, total)
-	errs := make(chan error, 1)
-	var senders sync.WaitGroup
-	for range senderCount(c) {
-		senders.Add(1)
-		go func() {
-			defer senders.Done()
-			for k := range jobs {
-				id, err := be.enqueueOne(ctx, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", k%c.streams), Name: "bench"})
-				if err != nil {
-					select {
-					case errs <- fmt.Errorf("enqueue: %w", err):
-					default:
-					}
-					return
-				}
-				committed.Store(id, time.Now())
-			}
-		}()
-	}
-	interval := time.Second / time.Duration(c.rate)
-	next := time.Now()
-	begin := next
-	for k := 0; k < total; k++ {
-		if d := time.Until(next); d > 0 {
-			time.Sleep(d)
-		}
-		next = next.Add(interval)
-		jobs <- k
-	}
-	close(jobs)
-	senders.Wait()
-	select {
-	case err := <-errs:
+	begin, err := generate(total, true)
+	if err != nil {
 		return benchResult{}, err
-	default:
 	}
 	enqueued := time.Since(begin)
 	deadline := time.Now().Add(30 * time.Second)
@@ -424,7 +458,7 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	slices.Sort(lat)
 	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	res := benchResult{Items: total, Seconds: took.Seconds(), ItemsPerSec: float64(total) / took.Seconds(), P50Ms: pct(0.50), P99Ms: pct(0.99), MaxMs: lat[len(lat)-1],
-		EnqueueItemsPerSec: float64(total) / enqueued.Seconds(), Claims: int64(claims), SelfPollPeriods: int64(periods)}
+		EnqueueItemsPerSec: float64(total) / enqueued.Seconds(), Claims: int64(claims), SelfPollPeriods: int64(periods), WarmupItems: warm}
 	fmt.Fprintf(out, "enqueued %d items in %.2fs (%.0f items/s achieved, target %d/s)\n", total, enqueued.Seconds(), res.EnqueueItemsPerSec, c.rate)
 	fmt.Fprintf(out, "pickup latency (enqueue commit -> handler start): p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n", res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
 	fmt.Fprintf(out, "claims: %d (%.2f per item), self-polling periods: %d\n", claims, float64(claims)/float64(total), periods)

@@ -79,6 +79,8 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"bench", "-n", "-5"}, "-n must be > 0"},
 		{[]string{"bench", "--async-claims"}, "--async-claims: the in-memory driver has no commits"},
 		{[]string{"bench", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"bench", "--mode", "continuous", "--warmup", "-1s"}, "--warmup must be >= 0"},
+		{[]string{"bench", "--warmup", "1s"}, "--warmup: only --mode continuous has a warm-up"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
@@ -146,6 +148,31 @@ func TestCLI_BenchJSONShape(t *testing.T) {
 // TestCLI_BenchIdleCountsCalls: idle instances on memdriver heartbeat once
 // at registration (before the measured window), claim on their own cadence
 // without claiming anything, and make no other write call.
+func TestCLI_BenchContinuousWarmup(t *testing.T) {
+	r := runCLI(t, nil, "bench", "--mode", "continuous", "--rate", "500", "--duration", "400ms", "--warmup", "200ms", "--json")
+	if r.code != 0 {
+		t.Fatalf("bench exit %d: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "warm-up: 100 items sent and handled, not measured") {
+		t.Errorf("no warm-up line:\n%s", r.stdout)
+	}
+	if !strings.Contains(r.stdout, "over 200 items") {
+		t.Errorf("latency is not over the 200 measured items alone:\n%s", r.stdout)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var got struct {
+		Items       int     `json:"items"`
+		WarmupItems int     `json:"warmup_items"`
+		P99Ms       float64 `json:"p99_ms"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
+	}
+	if got.Items != 200 || got.WarmupItems != 100 {
+		t.Errorf("items %d, warmup_items %d; want 200 and 100", got.Items, got.WarmupItems)
+	}
+}
+
 func TestCLI_BenchIdleCountsCalls(t *testing.T) {
 	r := runCLI(t, nil, "bench", "--mode", "idle", "--instances", "2", "--duration", "1s", "--json")
 	if r.code != 0 {
