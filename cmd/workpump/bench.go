@@ -410,11 +410,7 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 		if _, err := generate(warm, false); err != nil {
 			return benchResult{}, err
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for completed.Load() < int64(warm) && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if n := completed.Load(); n < int64(warm) {
+		if n := awaitCompleted(&completed, warm); n < int64(warm) {
 			return benchResult{}, fmt.Errorf("warm-up: only %d of %d items were handled within 30 s", n, warm)
 		}
 		completed.Store(0)
@@ -434,10 +430,7 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 		return benchResult{}, err
 	}
 	enqueued := time.Since(begin)
-	deadline := time.Now().Add(30 * time.Second)
-	for completed.Load() < int64(total) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	awaitCompleted(&completed, total)
 	took := time.Since(begin)
 	stopProfile()
 	claims, periods := claimCounts(pumps)
@@ -463,6 +456,16 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	fmt.Fprintf(out, "pickup latency (enqueue commit -> handler start): p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n", res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
 	fmt.Fprintf(out, "claims: %d (%.2f per item), self-polling periods: %d\n", claims, float64(claims)/float64(total), periods)
 	return res, nil
+}
+
+// awaitCompleted waits up to 30 s for the completion count to reach n and
+// returns the count it saw last.
+func awaitCompleted(completed *atomic.Int64, n int) int64 {
+	deadline := time.Now().Add(30 * time.Second)
+	for completed.Load() < int64(n) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return completed.Load()
 }
 
 // claimCounts sums the pumps' claims and self-polling periods so far.
