@@ -13,6 +13,7 @@ func streamCases() []testCase {
 		{name: "Streams/ClaimMakesCallerStreamOwner", run: streamClaimSetsOwner},
 		{name: "Streams/OwnerKeepsStreamAfterRankChange", run: streamOwnerKeepsAfterRankChange},
 		{name: "Streams/ExpiredStreamLeaseGoesToRankOwner", run: streamExpiredGoesToRankOwner},
+		{name: "Streams/PeerOwnedRowsDoNotFillTheBatch", run: streamPeerOwnedOutsideCap},
 		{name: "Streams/LaterRowBlockedWhileEarlierLeased", run: streamBlockedWhileLeased},
 		{name: "Streams/LaterRowBlockedWhileEarlierLeasedElsewhere", run: streamBlockedWhileLeasedElsewhere},
 		{name: "Streams/LaterRowBlockedByScheduledRetry", run: streamBlockedByRetry},
@@ -72,6 +73,23 @@ func streamOwnerKeepsAfterRankChange(e *env) {
 		e.wantIDs("A's claim of its own stream after B took that rank", e.claim(a).Work, next.ID)
 		e.mustOwn(s, a, e.now().Add(defaultLease), "A's claim")
 	}
+}
+
+// streamPeerOwnedOutsideCap: rows of a stream that a peer owns (A holds
+// its outbox head; B's rank claims the stream since B joined) are not B's
+// to take, so they must not use up B's batch: B's capped inbox claim passes
+// the stream's earlier inbox rows by and takes its own rank's rows.
+func streamPeerOwnedOutsideCap(e *env) {
+	a, b, s, _ := twoWithOwner(e, "cap")
+	live := []uuid.UUID{a, b}
+	sortUUIDs(live)
+	peers := items(driver.Inbox, s, 3)
+	own := []driver.NewWork{item(driver.Inbox, e.streamFor("cap-b1", live, b)), item(driver.Inbox, e.streamFor("cap-b2", live, b))}
+	e.enqueue(peers...)
+	e.enqueue(own...)
+	res := e.claimReq(driver.ClaimRequest{InstanceID: b, Lease: defaultLease, MaxPerCategory: 2})
+	e.wantIDs("B's claim capped at 2 behind A's stream", res.Work, idsOfNew(own)...)
+	e.wantIDs("A's claim of its stream", e.claim(a).Work, idsOfNew(peers)...)
 }
 
 func streamExpiredGoesToRankOwner(e *env) {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
+	"math/bits"
 	"os"
 	"slices"
 	"strings"
@@ -198,8 +200,9 @@ func TestUpIsIdempotentAndDownRemovesEverything(t *testing.T) {
 		if err != nil || !slices.Equal(rev, []int{migrations.Latest()}) {
 			t.Fatalf("Down one step reverted %v, %v", rev, err)
 		}
-		if _, f := objects(t, db, schema); f != 0 {
-			t.Fatalf("after reverting the functions version %d functions remain", f)
+		// Version 1 keeps wp_rank_key: its fresh indexes are built on it.
+		if _, f := objects(t, db, schema); f != 1 {
+			t.Fatalf("after reverting the functions version, %d functions remain; want 1 (wp_rank_key)", f)
 		}
 		if ap, err := migrations.Up(ctx, db, schema); err != nil || !slices.Equal(ap, []int{migrations.Latest()}) {
 			t.Fatalf("Up after Down applied %v, %v", ap, err)
@@ -443,6 +446,46 @@ func TestRetryDelayMirrorsDriver(t *testing.T) {
 			want := driver.RetryDelay(a, c.base, c.max).Truncate(time.Microsecond)
 			if time.Duration(us)*time.Microsecond != want {
 				t.Errorf("wp_retry_delay(%d, %v, %v) = %v, driver.RetryDelay = %v", a, c.base, c.max, time.Duration(us)*time.Microsecond, want)
+			}
+		}
+	}
+}
+
+// TestRankKeyReversesTheLow16Bits checks wp_rank_key, the second key of the
+// fresh indexes, against Go's bit reversal for every 16-bit value and for
+// larger partitions, and the property claims rely on: for a power-of-two
+// live count L, partition mod L = rank exactly when the key lies in
+// [key(rank), key(rank) + 65536/L).
+func TestRankKeyReversesTheLow16Bits(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t)
+	ps := make([]int32, 0, 1<<16+4)
+	for p := range 1 << 16 {
+		ps = append(ps, int32(p))
+	}
+	ps = append(ps, 1<<16, 1<<16|5, 123456789, math.MaxInt32)
+	var keys []int32
+	err := pool.QueryRow(context.Background(), fmt.Sprintf(
+		`SELECT array_agg("%s".wp_rank_key(p) ORDER BY i) FROM unnest($1::integer[]) WITH ORDINALITY AS u(p, i)`, schema),
+		ps).Scan(&keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != len(ps) {
+		t.Fatalf("got %d keys for %d partitions", len(keys), len(ps))
+	}
+	for i, p := range ps {
+		if want := int32(bits.Reverse16(uint16(p))); keys[i] != want {
+			t.Fatalf("wp_rank_key(%d) = %d, want %d", p, keys[i], want)
+		}
+	}
+	for _, l := range []int32{2, 4, 8, 1 << 10, 1 << 16} {
+		for i, p := range ps {
+			rank := p % l
+			lo := int32(bits.Reverse16(uint16(rank)))
+			if in := keys[i] >= lo && keys[i] < lo+(1<<16)/l; !in {
+				t.Fatalf("partition %d, live %d: key %d outside rank %d's range [%d, %d)", p, l, keys[i], rank, lo, lo+(1<<16)/l)
 			}
 		}
 	}

@@ -6,4 +6,5 @@ DROP TABLE IF EXISTS {{.S}}.wp_service_instances;
 {{- range .Cats}}
 DROP TABLE IF EXISTS {{$.S}}.{{.Table}};
 {{- end}}
+DROP FUNCTION IF EXISTS {{.S}}.wp_rank_key;
 DROP SEQUENCE IF EXISTS {{.S}}.wp_work_seq;

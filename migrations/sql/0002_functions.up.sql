@@ -476,7 +476,11 @@ DECLARE
     v_found    boolean;
     v_streams  text[];
     v_owned    text[] := '{}';
-    v_mine     text[];
+    v_mine     text[]; -- streams the caller owns outside its rank
+    v_klo      integer := 0;     -- the caller's rank-key range [v_klo, v_khi)
+    v_khi      integer := 65536; -- (all keys: every rank's fresh rows)
+    v_sparts   integer[]; -- partitions of v_streams
+    v_strays   boolean := false; -- a live peer owns a stream outside its rank
     v_locked   text[];
     v_exist    text[]; -- locked streams that have an ownership row
     v_all      boolean;
@@ -489,6 +493,7 @@ DECLARE
     c_{{.Name}}_tid    tid[];
     c_{{.Name}}_seq    bigint[];
     c_{{.Name}}_stream text[];
+    c_{{.Name}}_part   integer[];
     c_{{.Name}}_name   text[];
     c_{{.Name}}_fresh  boolean; -- every candidate came from the fresh index
 {{- end}}
@@ -533,13 +538,25 @@ BEGIN
     IF v_rank IS NULL THEN
         RAISE EXCEPTION 'workpump: instance % is not registered', p_instance_id USING ERRCODE = 'WP001';
     END IF;
-    -- The streams the caller owns: a row outside its rank is claimable only
-    -- through them. One pass over the (small: in-flight streams only) table
-    -- here saves an ownership probe per scanned row of the other ranks,
-    -- which with N instances are (N-1)/N of the rows the claim walks past.
+    -- Streams owned outside their owner's rank (left from before the live
+    -- set changed), in one pass over the (small: in-flight streams only)
+    -- table: the caller's (v_mine; a row outside the caller's rank is
+    -- claimable only through them) and whether a live peer holds any (only
+    -- then can a row of the caller's rank belong to a peer's stream). The
+    -- pass saves an ownership probe per row the claim looks at. When the
+    -- caller has none and the live count is a power of two, the fresh rows to
+    -- look at are its rank's key range (see wp_rank_key).
     IF v_live > 1 THEN
-        v_mine := ARRAY(SELECT a.stream_id FROM {{.S}}.wp_active_streams a
-                         WHERE a.assigned_instance_id = p_instance_id AND a.lease_expiry >= v_now);
+        SELECT COALESCE(array_agg(a.stream_id) FILTER (WHERE a.assigned_instance_id = p_instance_id), '{}'),
+               COALESCE(bool_or(a.assigned_instance_id <> p_instance_id), false)
+          INTO v_mine, v_strays
+          FROM {{.S}}.wp_active_streams a
+         WHERE a.lease_expiry >= v_now AND (a.assigned_instance_id = ANY (v_live_ids)) IS TRUE
+           AND (a.partition_number % v_live = array_position(v_live_ids, a.assigned_instance_id) - 1) IS NOT TRUE;
+        IF cardinality(v_mine) = 0 AND v_live <= 65536 AND (v_live & (v_live - 1)) = 0 THEN
+            v_klo := {{.S}}.wp_rank_key(v_rank);
+            v_khi := v_klo + 65536 / v_live;
+        END IF;
     ELSE
         v_mine := '{}';
     END IF;
@@ -550,15 +567,19 @@ BEGIN
         -- seq: fresh rows (index order), and waiting rows whose schedule is
         -- due or whose lease expired (few; sorted).
         SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
-               array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), bool_and(w.fresh)
-          INTO c_{{.Name}}_id, c_{{.Name}}_tid, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name, c_{{.Name}}_fresh
+               array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), bool_and(w.fresh),
+               array_agg(w.partition_number ORDER BY w.seq)
+          INTO c_{{.Name}}_id, c_{{.Name}}_tid, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name, c_{{.Name}}_fresh,
+               c_{{.Name}}_part
           FROM (
-            SELECT u.k, u.tid, u.seq, u.stream_id, u.sname, u.fresh
+            SELECT u.k, u.tid, u.seq, u.stream_id, u.sname, u.fresh, u.partition_number
               FROM (
                 (SELECT t.{{.Key}} AS k, t.ctid AS tid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}} AS sname, t.partition_number,
                         true AS fresh
                    FROM {{$.S}}.{{.Table}} t
                   WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL
+                    AND {{$.S}}.wp_rank_key(t.partition_number) >= v_klo
+                    AND {{$.S}}.wp_rank_key(t.partition_number) < v_khi
                   ORDER BY t.seq)
                 UNION ALL
                 (SELECT t.{{.Key}}, t.ctid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number, false
@@ -571,8 +592,9 @@ BEGIN
               ) u
              WHERE CASE WHEN u.stream_id = '' THEN u.partition_number % v_live = v_rank
                    ELSE CASE WHEN u.partition_number % v_live = v_rank
-                             -- (alone, the caller is the only live owner there is)
-                             THEN v_live = 1 OR NOT EXISTS (
+                             -- (a peer owns a stream of the caller's rank only
+                             -- if it owns a stream outside its own: v_strays)
+                             THEN NOT v_strays OR NOT EXISTS (
                                     SELECT 1 FROM {{$.S}}.wp_active_streams a
                                      WHERE a.stream_id = u.stream_id AND a.lease_expiry >= v_now
                                        AND a.assigned_instance_id <> p_instance_id
@@ -601,11 +623,13 @@ BEGIN
         RAISE EXCEPTION 'workpump: instance % is not registered', p_instance_id USING ERRCODE = 'WP001';
     END IF;
 
-    v_streams := ARRAY(
-        SELECT DISTINCT s
-          FROM unnest({{range $i, $c := .Cats}}{{if $i}} || {{end}}COALESCE(c_{{.Name}}_stream, '{}'){{end}}) s
-         WHERE s <> ''
-         ORDER BY s);
+    SELECT COALESCE(array_agg(x.s ORDER BY x.s), '{}'), COALESCE(array_agg(x.part ORDER BY x.s), '{}')
+      INTO v_streams, v_sparts
+      FROM (SELECT DISTINCT ON (u.s) u.s, u.part
+              FROM unnest({{range $i, $c := .Cats}}{{if $i}} || {{end}}COALESCE(c_{{.Name}}_stream, '{}'){{end}},
+                          {{range $i, $c := .Cats}}{{if $i}} || {{end}}COALESCE(c_{{.Name}}_part, '{}'){{end}}) AS u(s, part)
+             WHERE u.s <> ''
+             ORDER BY u.s) x;
     IF cardinality(v_streams) > 0 THEN
         -- Lock the streams (an open enqueue or a concurrent claim of a
         -- stream makes us skip it), then take ownership of those not owned
@@ -648,20 +672,21 @@ BEGIN
             SELECT COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
         END IF;
         WITH ins AS (
-            INSERT INTO {{.S}}.wp_active_streams (stream_id, assigned_instance_id, lease_expiry)
-            SELECT s, p_instance_id, v_exp FROM unnest(v_locked) s
-             WHERE s NOT IN (SELECT unnest(v_exist))
-             ORDER BY s COLLATE "C"
+            INSERT INTO {{.S}}.wp_active_streams (stream_id, assigned_instance_id, lease_expiry, partition_number)
+            SELECT x.s, p_instance_id, v_exp, x.part FROM unnest(v_streams, v_sparts) AS x(s, part)
+             WHERE x.s IN (SELECT unnest(v_locked)) AND x.s NOT IN (SELECT unnest(v_exist))
+             ORDER BY x.s COLLATE "C"
             RETURNING stream_id)
         SELECT v_owned || COALESCE(array_agg(ins.stream_id), '{}') INTO v_owned FROM ins;
         IF cardinality(v_owned) < cardinality(v_locked) THEN
             WITH up AS (
-                INSERT INTO {{.S}}.wp_active_streams AS a (stream_id, assigned_instance_id, lease_expiry)
-                SELECT s, p_instance_id, v_exp FROM unnest(v_locked) s
-                 WHERE s NOT IN (SELECT unnest(v_owned))
-                 ORDER BY s COLLATE "C"
+                INSERT INTO {{.S}}.wp_active_streams AS a (stream_id, assigned_instance_id, lease_expiry, partition_number)
+                SELECT x.s, p_instance_id, v_exp, x.part FROM unnest(v_streams, v_sparts) AS x(s, part)
+                 WHERE x.s IN (SELECT unnest(v_locked)) AND x.s NOT IN (SELECT unnest(v_owned))
+                 ORDER BY x.s COLLATE "C"
                 ON CONFLICT (stream_id) DO UPDATE
-                   SET assigned_instance_id = EXCLUDED.assigned_instance_id, lease_expiry = EXCLUDED.lease_expiry
+                   SET assigned_instance_id = EXCLUDED.assigned_instance_id, lease_expiry = EXCLUDED.lease_expiry,
+                       partition_number = EXCLUDED.partition_number
                  WHERE a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
                     OR a.lease_expiry < v_now OR NOT (a.assigned_instance_id = ANY (v_live_ids))
                 RETURNING a.stream_id)
