@@ -477,8 +477,11 @@ DECLARE
     v_streams  text[];
     v_owned    text[] := '{}';
     v_mine     text[]; -- streams the caller owns outside its rank
-    v_klo      integer := 0;     -- the caller's rank-key range [v_klo, v_khi)
-    v_khi      integer := 65536; -- (all keys: every rank's fresh rows)
+    v_klo      integer := 0;     -- the caller's fresh rows: rank keys in
+    v_khi      integer := 65536; -- [v_klo, v_khi) and partition mod 3 in
+    v_m3lo     integer := 0;     -- [v_m3lo, v_m3hi] (by default every
+    v_m3hi     integer := 2;     -- rank's rows: see wp_rank_key)
+    v_pow2     integer;          -- the largest power of two dividing v_live
     v_sparts   integer[]; -- partitions of v_streams
     v_strays   boolean := false; -- a live peer owns a stream outside its rank
     v_locked   text[];
@@ -544,8 +547,8 @@ BEGIN
     -- claimable only through them) and whether a live peer holds any (only
     -- then can a row of the caller's rank belong to a peer's stream). The
     -- pass saves an ownership probe per row the claim looks at. When the
-    -- caller has none and the live count is a power of two, the fresh rows to
-    -- look at are its rank's key range (see wp_rank_key).
+    -- caller has none and the live count is 2^k or 3 * 2^k, the fresh rows
+    -- to look at are its rank's key range and residue (see wp_rank_key).
     IF v_live > 1 THEN
         SELECT COALESCE(array_agg(a.stream_id) FILTER (WHERE a.assigned_instance_id = p_instance_id), '{}'),
                COALESCE(bool_or(a.assigned_instance_id <> p_instance_id), false)
@@ -553,9 +556,14 @@ BEGIN
           FROM {{.S}}.wp_active_streams a
          WHERE a.lease_expiry >= v_now AND (a.assigned_instance_id = ANY (v_live_ids)) IS TRUE
            AND (a.partition_number % v_live = array_position(v_live_ids, a.assigned_instance_id) - 1) IS NOT TRUE;
-        IF cardinality(v_mine) = 0 AND v_live <= 65536 AND (v_live & (v_live - 1)) = 0 THEN
-            v_klo := {{.S}}.wp_rank_key(v_rank);
-            v_khi := v_klo + 65536 / v_live;
+        v_pow2 := v_live & -v_live;
+        IF cardinality(v_mine) = 0 AND v_pow2 <= 65536 AND v_live / v_pow2 IN (1, 3) THEN
+            v_klo := {{.S}}.wp_rank_key(v_rank % v_pow2);
+            v_khi := v_klo + 65536 / v_pow2;
+            IF v_live / v_pow2 = 3 THEN
+                v_m3lo := v_rank % 3;
+                v_m3hi := v_m3lo;
+            END IF;
         END IF;
     ELSE
         v_mine := '{}';
@@ -580,6 +588,7 @@ BEGIN
                   WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL
                     AND {{$.S}}.wp_rank_key(t.partition_number) >= v_klo
                     AND {{$.S}}.wp_rank_key(t.partition_number) < v_khi
+                    AND t.partition_number % 3 BETWEEN v_m3lo AND v_m3hi
                   ORDER BY t.seq)
                 UNION ALL
                 (SELECT t.{{.Key}}, t.ctid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number, false
