@@ -495,7 +495,8 @@ func TestModelsReadPumpState(t *testing.T) {
 	// "ev" was settled (its row deleted) when its only row failed; "o" is
 	// still owned.
 	if err := c.NewSelect(db, &streams).Order("stream_id").Scan(ctx); err != nil || len(streams) != 1 ||
-		streams[0].StreamID != "o" || streams[0].AssignedInstanceID == nil || *streams[0].AssignedInstanceID != id || streams[0].LeaseExpiry == nil {
+		streams[0].StreamID != "o" || streams[0].AssignedInstanceID == nil || *streams[0].AssignedInstanceID != id || streams[0].LeaseExpiry == nil ||
+		streams[0].PartitionNumber == nil || *streams[0].PartitionNumber != out.PartitionNumber {
 		t.Fatalf("active streams %v %+v", err, streams)
 	}
 

@@ -111,6 +111,10 @@ type ActiveStream struct {
 	StreamID           string     `bun:"stream_id,pk"`
 	AssignedInstanceID *uuid.UUID `bun:"assigned_instance_id,type:uuid"`
 	LeaseExpiry        *time.Time `bun:"lease_expiry"`
+	// PartitionNumber is the stream's partition as its rows carry it (nil
+	// if unknown): claims use it to find streams owned outside their
+	// owner's rank.
+	PartitionNumber *int `bun:"partition_number"`
 }
 
 // DeadLetter is a row that failed MaxAttempts times, moved out of its
