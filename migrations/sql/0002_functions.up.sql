@@ -554,8 +554,9 @@ BEGIN
                COALESCE(bool_or(a.assigned_instance_id <> p_instance_id), false)
           INTO v_mine, v_strays
           FROM {{.S}}.wp_active_streams a
-         WHERE a.lease_expiry >= v_now AND (a.assigned_instance_id = ANY (v_live_ids)) IS TRUE
-           AND (a.partition_number % v_live = array_position(v_live_ids, a.assigned_instance_id) - 1) IS NOT TRUE;
+         -- (an owner that is not live counts too: a needless probe at worst)
+         WHERE a.lease_expiry >= v_now
+           AND (v_live_ids[a.partition_number % v_live + 1] = a.assigned_instance_id) IS NOT TRUE;
         v_pow2 := v_live & -v_live;
         IF cardinality(v_mine) = 0 AND v_pow2 <= 65536 AND v_live / v_pow2 IN (1, 3) THEN
             v_klo := {{.S}}.wp_rank_key(v_rank % v_pow2);
