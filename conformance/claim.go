@@ -302,16 +302,18 @@ func partitionCases() []testCase {
 		{name: "Partition/ThreeInstancesSplitByRank", run: func(e *env) { partitionSplit(e, 3, 40, 0) }},
 		{name: "Partition/StreamlessRowsDistributedByRank", run: func(e *env) { partitionSplit(e, 3, 0, 60) }},
 		{name: "Partition/FiveInstancesCoverAllRowsOnce", partitions: 1000, run: func(e *env) { partitionSplit(e, 5, 50, 50) }},
-		// Live counts 2^k and 3 * 2^k: Postgres drivers find a rank's rows by
-		// index key ranges there instead of filtering every rank's rows.
+		// Live counts 2^k times 1, 3, 5 or 15: Postgres drivers find a rank's
+		// rows by index key ranges there instead of filtering every rank's rows.
 		{name: "Partition/FourInstancesCoverAllRowsOnce", partitions: 1000, run: func(e *env) { partitionSplit(e, 4, 60, 40) }},
 		{name: "Partition/SixInstancesCoverAllRowsOnce", partitions: 1000, run: func(e *env) { partitionSplit(e, 6, 90, 30) }},
+		{name: "Partition/TenInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 10, 100, 50) }},
 		{name: "Partition/TwelveInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 12, 120, 60) }},
 		{name: "Partition/EightInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 8, 120, 40) }},
-		{name: "Partition/PartitionsBeyond16BitsSplitByRank", partitions: 1 << 20, run: func(e *env) { partitionSplit(e, 4, 60, 40) }},
+		{name: "Partition/PartitionsBeyond15BitsSplitByRank", partitions: 1 << 20, run: func(e *env) { partitionSplit(e, 4, 60, 40) }},
 		{name: "Partition/EdgePartitionsOfEachRank/Four", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 4) }},
 		{name: "Partition/EdgePartitionsOfEachRank/Six", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 6) }},
 		{name: "Partition/EdgePartitionsOfEachRank/Three", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 3) }},
+		{name: "Partition/EdgePartitionsOfEachRank/Ten", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 10) }},
 		{name: "Partition/StaleButRegisteredInstanceKeepsItsRank", run: partitionStaleKeepsRank},
 		{name: "Partition/RanksShiftWhenAnInstanceLeaves", run: partitionLeave},
 		{name: "Partition/JoiningInstanceTakesItsRank", run: partitionJoin},
@@ -392,12 +394,11 @@ func partitionSplit(e *env, n, streams, streamless int) {
 	}
 }
 
-// partitionEdges gives each of n ranks (n = 3 or a power of two times 1 or 3)
-// the streams of its lowest and highest partitions modulo 2^16: low 16 bits
-// r mod 2^k and 0xffff with the low k bits r mod 2^k, where 2^k is the
-// largest power of two dividing n (the ends of the rank's key range, where a
-// Postgres claim finds the rank's rows by range), and a partition above
-// 2^16: each rank claims exactly its three.
+// partitionEdges gives each of n ranks the streams of its lowest and highest
+// partitions modulo 2^15: low 15 bits r mod 2^k and 0x7fff with the low k
+// bits r mod 2^k, where 2^k is the largest power of two dividing n (the ends
+// of the rank's key range, where a Postgres claim finds the rank's rows by
+// range), and a partition above 2^15: each rank claims exactly its three.
 func partitionEdges(e *env, n int) {
 	live := e.instances(n)
 	pow2 := n & -n
@@ -406,9 +407,9 @@ func partitionEdges(e *env, n int) {
 	for r := range n {
 		low := r % pow2
 		for i, ok := range []func(p int) bool{
-			func(p int) bool { return p&0xffff == low },
-			func(p int) bool { return p&0xffff == 0xffff&^(pow2-1)|low },
-			func(p int) bool { return p > 0xffff },
+			func(p int) bool { return p&0x7fff == low },
+			func(p int) bool { return p&0x7fff == 0x7fff&^(pow2-1)|low },
+			func(p int) bool { return p > 0x7fff },
 		} {
 			stream := streamWhere(fmt.Sprintf("edge-%d-%d", r, i), e.partitions, func(p int) bool { return p%n == r && ok(p) })
 			w := item(driver.Categories[(r+i)%4], stream)

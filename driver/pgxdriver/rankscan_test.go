@@ -13,14 +13,14 @@ import (
 )
 
 // TestClaimFetchesOnlyItsRanksFreshRows checks what the fresh index's rank
-// keys are for: with a live count of 2^k or 3 * 2^k, a claim's walk over
+// keys are for: with a live count of 2^k times 1, 3, 5 or 15, a claim's walk over
 // fresh rows fetches from the heap only the rows of the caller's rank (plus
 // the idle probe's one row), not every rank's. The count comes from the
 // claim transaction's own statistics of the fresh index
 // (pg_stat_get_xact_tuples_fetched), so it is exact, not a timing.
 func TestClaimFetchesOnlyItsRanksFreshRows(t *testing.T) {
 	t.Parallel()
-	for _, live := range []int{2, 3, 4, 6, 8, 12} {
+	for _, live := range []int{2, 3, 4, 5, 6, 8, 10, 12, 15} {
 		t.Run(fmt.Sprintf("live=%d", live), func(t *testing.T) {
 			t.Parallel()
 			c := newTestCoordinator(t, false, nil, 1000)

@@ -8,21 +8,23 @@
 
 CREATE SEQUENCE {{.S}}.wp_work_seq AS bigint;
 
--- wp_rank_key is a partition's low 16 bits in reverse order (each byte
--- reversed by the multiply-and-modulus trick, bytes swapped). Claims route a
--- row by partition mod live count (the caller's rank). For a count 2^k that
--- residue is the key's top k bits, so a rank's rows are one key range; for a
--- count 3 * 2^k it is that range and one value of partition mod 3 (the
--- residues mod 2^k and mod 3 determine the one mod 3 * 2^k). The fresh
--- index below carries both, and btree tests them on its own entries, so a
--- claim among 1, 2, 3, 4, 6, 8, 12, 16, ... instances fetches only its
--- rank's rows from the heap. (Other counts walk every rank's rows, as a
--- plain seq index would.) Immutable and inlined, so the index and the claim
--- query share one expression.
-CREATE FUNCTION {{.S}}.wp_rank_key(p integer) RETURNS integer
+-- wp_rank_key is a partition's low 15 bits in reverse order (each byte
+-- reversed by the multiply-and-modulus trick, bytes swapped, the top bit
+-- dropped). Claims route a row by partition mod live count (the caller's
+-- rank). For a count 2^k (k <= 15) that residue is the key's top k bits, so
+-- a rank's rows are one key range; for a count 2^k times 3, 5 or 15 it is
+-- that range and one value of partition mod 3 and/or mod 5 (the residues
+-- modulo coprime factors determine the one modulo their product). The fresh
+-- index below carries all three, as smallints (its entries stay 24 bytes),
+-- and btree tests them on its own entries, so a claim among 1-6, 8, 10, 12,
+-- 15, 16, 20, ... instances fetches only its rank's rows from the heap.
+-- (Other counts walk every rank's rows, as a plain seq index would.)
+-- Immutable and inlined, so the index and the claim query share one
+-- expression.
+CREATE FUNCTION {{.S}}.wp_rank_key(p integer) RETURNS smallint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $fn$ SELECT (((((p & 255)::bigint * 8623620610) & 1136090292240) % 1023) << 8
-              | ((((p >> 8) & 255)::bigint * 8623620610) & 1136090292240) % 1023)::integer $fn$;
+AS $fn$ SELECT (((((p & 255)::bigint * 8623620610) & 1136090292240) % 1023 << 7)
+               | (((((p >> 8) & 127)::bigint * 8623620610) & 1136090292240) % 1023 >> 1))::smallint $fn$;
 
 COMMENT ON SEQUENCE {{.S}}.wp_work_seq IS
     'workpump: enqueue order (Work.Seq) shared by all work tables. No CACHE: values must follow call order across sessions.';
@@ -58,7 +60,8 @@ COMMENT ON TABLE {{$.S}}.{{.Table}} IS 'workpump: {{.Name}} work ({{.NameMeaning
 -- expiry when leased. The claim merges the fresh rows (in seq order) with
 -- the waiting rows whose time has come, so its cost follows the rows it
 -- looks at, not the backlog; the idle check is one probe into each index.
-CREATE INDEX {{.Table}}_fresh ON {{$.S}}.{{.Table}} (seq, {{$.S}}.wp_rank_key(partition_number), (partition_number % 3))
+CREATE INDEX {{.Table}}_fresh ON {{$.S}}.{{.Table}}
+    (seq, {{$.S}}.wp_rank_key(partition_number), ((partition_number % 3)::smallint), ((partition_number % 5)::smallint))
     WHERE {{.Done}} IS NULL AND instance_id IS NULL AND scheduled_for IS NULL;
 CREATE INDEX {{.Table}}_wake ON {{$.S}}.{{.Table}}
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END))

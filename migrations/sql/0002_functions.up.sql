@@ -478,10 +478,13 @@ DECLARE
     v_owned    text[] := '{}';
     v_mine     text[]; -- streams the caller owns outside its rank
     v_klo      integer := 0;     -- the caller's fresh rows: rank keys in
-    v_khi      integer := 65536; -- [v_klo, v_khi) and partition mod 3 in
-    v_m3lo     integer := 0;     -- [v_m3lo, v_m3hi] (by default every
-    v_m3hi     integer := 2;     -- rank's rows: see wp_rank_key)
+    v_khi      integer := 32768; -- [v_klo, v_khi), partition mod 3 in
+    v_m3lo     integer := 0;     -- [v_m3lo, v_m3hi] and mod 5 in
+    v_m3hi     integer := 2;     -- [v_m5lo, v_m5hi] (by default every
+    v_m5lo     integer := 0;     -- rank's rows: see wp_rank_key)
+    v_m5hi     integer := 4;
     v_pow2     integer;          -- the largest power of two dividing v_live
+    v_odd      integer;          -- v_live / v_pow2
     v_sparts   integer[]; -- partitions of v_streams
     v_strays   boolean := false; -- a live peer owns a stream outside its rank
     v_locked   text[];
@@ -547,8 +550,9 @@ BEGIN
     -- claimable only through them) and whether a live peer holds any (only
     -- then can a row of the caller's rank belong to a peer's stream). The
     -- pass saves an ownership probe per row the claim looks at. When the
-    -- caller has none and the live count is 2^k or 3 * 2^k, the fresh rows
-    -- to look at are its rank's key range and residue (see wp_rank_key).
+    -- caller has none and the live count is 2^k times 1, 3, 5 or 15, the
+    -- fresh rows to look at are its rank's key range and residues (see
+    -- wp_rank_key).
     IF v_live > 1 THEN
         SELECT COALESCE(array_agg(a.stream_id) FILTER (WHERE a.assigned_instance_id = p_instance_id), '{}'),
                COALESCE(bool_or(a.assigned_instance_id <> p_instance_id), false)
@@ -558,12 +562,17 @@ BEGIN
          WHERE a.lease_expiry >= v_now
            AND (v_live_ids[a.partition_number % v_live + 1] = a.assigned_instance_id) IS NOT TRUE;
         v_pow2 := v_live & -v_live;
-        IF cardinality(v_mine) = 0 AND v_pow2 <= 65536 AND v_live / v_pow2 IN (1, 3) THEN
+        v_odd := v_live / v_pow2;
+        IF cardinality(v_mine) = 0 AND v_pow2 <= 32768 AND v_odd IN (1, 3, 5, 15) THEN
             v_klo := {{.S}}.wp_rank_key(v_rank % v_pow2);
-            v_khi := v_klo + 65536 / v_pow2;
-            IF v_live / v_pow2 = 3 THEN
+            v_khi := v_klo + 32768 / v_pow2;
+            IF v_odd % 3 = 0 THEN
                 v_m3lo := v_rank % 3;
                 v_m3hi := v_m3lo;
+            END IF;
+            IF v_odd % 5 = 0 THEN
+                v_m5lo := v_rank % 5;
+                v_m5hi := v_m5lo;
             END IF;
         END IF;
     ELSE
@@ -589,7 +598,8 @@ BEGIN
                   WHERE t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL
                     AND {{$.S}}.wp_rank_key(t.partition_number) >= v_klo
                     AND {{$.S}}.wp_rank_key(t.partition_number) < v_khi
-                    AND t.partition_number % 3 BETWEEN v_m3lo AND v_m3hi
+                    AND (t.partition_number % 3)::smallint BETWEEN v_m3lo AND v_m3hi
+                    AND (t.partition_number % 5)::smallint BETWEEN v_m5lo AND v_m5hi
                   ORDER BY t.seq)
                 UNION ALL
                 (SELECT t.{{.Key}}, t.ctid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number, false
