@@ -643,13 +643,17 @@ BEGIN
         RAISE EXCEPTION 'workpump: instance % is not registered', p_instance_id USING ERRCODE = 'WP001';
     END IF;
 
-    SELECT COALESCE(array_agg(x.s ORDER BY x.s), '{}'), COALESCE(array_agg(x.part ORDER BY x.s), '{}')
+    -- The candidates' distinct streams with their partitions, in no order
+    -- (each statement that locks or writes by stream sorts for itself; two
+    -- aggregates of one input stay parallel). A hashed grouping: sorting
+    -- for DISTINCT cost a third of a millisecond per 1000 streams more.
+    SELECT COALESCE(array_agg(g.s), '{}'), COALESCE(array_agg(g.part), '{}')
       INTO v_streams, v_sparts
-      FROM (SELECT DISTINCT ON (u.s) u.s, u.part
+      FROM (SELECT u.s, min(u.part) AS part
               FROM unnest({{range $i, $c := .Cats}}{{if $i}} || {{end}}COALESCE(c_{{.Name}}_stream, '{}'){{end}},
                           {{range $i, $c := .Cats}}{{if $i}} || {{end}}COALESCE(c_{{.Name}}_part, '{}'){{end}}) AS u(s, part)
              WHERE u.s <> ''
-             ORDER BY u.s) x;
+             GROUP BY u.s) g;
     IF cardinality(v_streams) > 0 THEN
         -- Lock the streams (an open enqueue or a concurrent claim of a
         -- stream makes us skip it), then take ownership of those not owned
