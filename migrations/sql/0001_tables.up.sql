@@ -60,6 +60,8 @@ COMMENT ON TABLE {{$.S}}.{{.Table}} IS 'workpump: {{.Name}} work ({{.NameMeaning
 -- expiry when leased. The claim merges the fresh rows (in seq order) with
 -- the waiting rows whose time has come, so its cost follows the rows it
 -- looks at, not the backlog; the idle check is one probe into each index.
+-- The fresh index's keys after seq let a claim skip other ranks' entries
+-- without reading their rows (see wp_rank_key).
 CREATE INDEX {{.Table}}_fresh ON {{$.S}}.{{.Table}}
     (seq, {{$.S}}.wp_rank_key(partition_number), ((partition_number % 3)::smallint), ((partition_number % 5)::smallint))
     WHERE {{.Done}} IS NULL AND instance_id IS NULL AND scheduled_for IS NULL;
