@@ -193,9 +193,30 @@ func rankOwner(partition int, live []uuid.UUID) uuid.UUID {
 // satisfies ok. It lets a case pick a stream that a chosen instance's rank
 // claims without depending on the hash.
 func streamWhere(prefix string, partitions int, ok func(partition int) bool) string {
-	for i := 0; i < 1_000_000; i++ {
-		s := fmt.Sprintf("%s-%d", prefix, i)
-		if ok(driver.PartitionOf(s, partitions)) {
+	// Some conditions hold for one name in ~200 000 (a rank's key-range
+	// edges), so the search hashes incrementally: FNV-1a of "<prefix>-" once,
+	// then only the digits, with no allocation per name (10x faster, which
+	// matters under -race). The name found is checked against PartitionOf.
+	const offset, prime = 2166136261, 16777619
+	h0 := uint32(offset)
+	for _, b := range []byte(prefix + "-") {
+		h0 = (h0 ^ uint32(b)) * prime
+	}
+	if partitions <= 0 {
+		partitions = driver.DefaultPartitionCount
+	}
+	var digits []byte
+	for i := 0; i < 4_000_000; i++ {
+		digits = strconv.AppendInt(digits[:0], int64(i), 10)
+		h := h0
+		for _, b := range digits {
+			h = (h ^ uint32(b)) * prime
+		}
+		if p := int(uint64(h) % uint64(partitions)); ok(p) {
+			s := prefix + "-" + string(digits)
+			if driver.PartitionOf(s, partitions) != p {
+				panic("conformance: streamWhere's hash no longer matches driver.PartitionOf")
+			}
 			return s
 		}
 	}
