@@ -486,7 +486,7 @@ DECLARE
     v_pow2     integer;          -- the largest power of two dividing v_live
     v_odd      integer;          -- v_live / v_pow2
     v_sparts   integer[]; -- partitions of v_streams
-    v_strays   boolean := false; -- a live peer owns a stream outside its rank
+    v_strays   boolean := false; -- a peer owns a stream outside its rank
     v_locked   text[];
     v_exist    text[]; -- locked streams that have an ownership row
     v_all      boolean;
@@ -645,8 +645,8 @@ BEGIN
 
     -- The candidates' distinct streams with their partitions, in no order
     -- (each statement that locks or writes by stream sorts for itself; two
-    -- aggregates of one input stay parallel). A hashed grouping: sorting
-    -- for DISTINCT cost a third of a millisecond per 1000 streams more.
+    -- aggregates of one input stay parallel). A hashed grouping: the sorted
+    -- form (DISTINCT ON and ordered aggregates) took ~0.35 ms more per 1000.
     SELECT COALESCE(array_agg(g.s), '{}'), COALESCE(array_agg(g.part), '{}')
       INTO v_streams, v_sparts
       FROM (SELECT u.s, min(u.part) AS part
