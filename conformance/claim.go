@@ -306,9 +306,9 @@ func partitionCases() []testCase {
 		// rows by index key ranges there instead of filtering every rank's rows.
 		{name: "Partition/FourInstancesCoverAllRowsOnce", partitions: 1000, run: func(e *env) { partitionSplit(e, 4, 60, 40) }},
 		{name: "Partition/SixInstancesCoverAllRowsOnce", partitions: 1000, run: func(e *env) { partitionSplit(e, 6, 90, 30) }},
+		{name: "Partition/EightInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 8, 120, 40) }},
 		{name: "Partition/TenInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 10, 100, 50) }},
 		{name: "Partition/TwelveInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 12, 120, 60) }},
-		{name: "Partition/EightInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 8, 120, 40) }},
 		{name: "Partition/PartitionsBeyond15BitsSplitByRank", partitions: 1 << 20, run: func(e *env) { partitionSplit(e, 4, 60, 40) }},
 		{name: "Partition/EdgePartitionsOfEachRank/Four", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 4) }},
 		{name: "Partition/EdgePartitionsOfEachRank/Six", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 6) }},

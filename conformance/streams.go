@@ -81,8 +81,7 @@ func streamOwnerKeepsAfterRankChange(e *env) {
 // the stream's earlier inbox rows by and takes its own rank's rows.
 func streamPeerOwnedOutsideCap(e *env) {
 	a, b, s, _ := twoWithOwner(e, "cap")
-	live := []uuid.UUID{a, b}
-	sortUUIDs(live)
+	live := []uuid.UUID{a, b} // (rankOwner orders them)
 	peers := items(driver.Inbox, s, 3)
 	own := []driver.NewWork{item(driver.Inbox, e.streamFor("cap-b1", live, b)), item(driver.Inbox, e.streamFor("cap-b2", live, b))}
 	e.enqueue(peers...)

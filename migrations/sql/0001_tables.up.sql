@@ -106,7 +106,7 @@ CREATE TABLE {{.S}}.wp_active_streams (
     assigned_instance_id uuid,
     lease_expiry         timestamptz,
     -- The stream's partition, as its rows carry it: a claim tells from it
-    -- whether the caller owns streams outside its rank (NULL: unknown,
+    -- which streams are owned outside their owner's rank (NULL: unknown,
     -- counted as outside).
     partition_number     integer,
     CONSTRAINT wp_active_streams_lease_pair CHECK ((assigned_instance_id IS NULL) = (lease_expiry IS NULL))
