@@ -23,6 +23,9 @@ func ExampleRender() {
 	// Output:
 	// 0001_tables: creates wp_ objects in "shop": true
 	// 0002_functions: creates wp_ objects in "shop": true
+	// 0003_claim_order: creates wp_ objects in "shop": true
+	// 0004_liveness: creates wp_ objects in "shop": true
+	// 0005_partition_count: creates wp_ objects in "shop": true
 	// true
 }
 
