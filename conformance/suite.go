@@ -97,6 +97,10 @@ func allCases() []testCase {
 		inspectorCases(),
 		purgeCases(),
 		concurrencyCases(),
+		raceCases(),
+		livenessCases(),
+		edgeCases(),
+		churnCases(),
 	} {
 		cs = append(cs, group...)
 	}
