@@ -21,6 +21,7 @@
 package conformance
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -45,6 +46,38 @@ type Store struct {
 	Coordinator driver.Coordinator
 	// Faults injects failures; required when Capabilities.Faults is set.
 	Faults Faults
+	// Pauses holds calls at named points inside the store; required when
+	// Capabilities.Pauses is set.
+	Pauses Pauser
+}
+
+// PausePoint names a point inside a store call where a case can hold the
+// call while a peer runs: races are forced, not hoped for.
+type PausePoint string
+
+// The pause points every Pauser knows.
+const (
+	// PauseClaimAfterCandidates is inside ClaimWork, after it chose its
+	// candidate rows and before it locks their streams or writes anything.
+	// A store whose claim is one atomic step holds the call before that
+	// step: the claim then sees everything the peer did, which is the
+	// outcome the race must have anyway.
+	PauseClaimAfterCandidates PausePoint = "claim.after_candidates"
+)
+
+// Pauser holds one instance's calls at a pause point.
+type Pauser interface {
+	// Arm makes every call of instanceID that reaches point wait there
+	// until the returned Pause is released.
+	Arm(point PausePoint, instanceID uuid.UUID) (Pause, error)
+}
+
+// Pause is one armed pause point.
+type Pause interface {
+	// Reached returns once a call waits at the point, or ctx's error.
+	Reached(ctx context.Context) error
+	// Release lets waiting and later calls through. Idempotent.
+	Release()
 }
 
 // Faults breaks things the way production breaks them.
@@ -78,6 +111,8 @@ type Capabilities struct {
 	AliveLock bool
 	// Faults: Store.Faults is set.
 	Faults bool
+	// Pauses: Store.Pauses is set.
+	Pauses bool
 }
 
 // Harness makes stores for the suite.

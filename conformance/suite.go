@@ -44,6 +44,7 @@ const (
 	needSignals requirement = 1 << iota
 	needAliveLock
 	needFaults
+	needPauses
 )
 
 // missing returns why caps cannot run a case needing r, or "" when it can.
@@ -57,6 +58,9 @@ func (r requirement) missing(caps Capabilities) string {
 	}
 	if r&needFaults != 0 && !caps.Faults {
 		why = append(why, "Faults")
+	}
+	if r&needPauses != 0 && !caps.Pauses {
+		why = append(why, "Pauses")
 	}
 	if len(why) == 0 {
 		return ""
@@ -157,6 +161,9 @@ func newEnv(t testing.TB, makeStore func(StoreConfig) Store, caps Capabilities, 
 	}
 	if caps.Faults && st.Faults == nil {
 		t.Fatal("conformance: Capabilities.Faults is set but Store.Faults is nil")
+	}
+	if caps.Pauses && st.Pauses == nil {
+		t.Fatal("conformance: Capabilities.Pauses is set but Store.Pauses is nil")
 	}
 	e := &env{t: t, ctx: t.Context(), clock: clock, store: st, c: st.Coordinator, in: in, caps: caps, partitions: partitions}
 	if got, err := in.Now(e.ctx); err != nil {

@@ -25,7 +25,7 @@ type harness struct {
 }
 
 func (h harness) Capabilities() conformance.Capabilities {
-	return conformance.Capabilities{Signals: true, AliveLock: true, Faults: true}
+	return conformance.Capabilities{Signals: true, AliveLock: true, Faults: true, Pauses: true}
 }
 
 func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
@@ -52,7 +52,7 @@ func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformanc
 		opts.ListenerConfig = lc
 	}
 	c := newCoordinator(t, h.setup, opts)
-	return conformance.Store{Coordinator: c, Faults: &faults{t: t, schema: schema}}
+	return conformance.Store{Coordinator: c, Faults: &faults{t: t, schema: schema}, Pauses: pgtest.Pauser{T: t, Schema: schema}}
 }
 
 var _ conformance.ListenerInterrupter = (*faults)(nil)

@@ -78,9 +78,11 @@ func bunDB(t testing.TB, setup string) *bun.DB {
 		// The listener derived from this config inherits the tracer the
 		// conformance faults use (see listenerTracer).
 		cfg.Tracer = listeners
+		cfg.RuntimeParams[pgtest.PauseSetting] = "on"
 		sqldb = stdlib.OpenDB(*cfg)
 	case setupPgdriver:
-		sqldb = sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(url)))
+		sqldb = sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(url),
+			pgdriver.WithConnParams(map[string]any{pgtest.PauseSetting: "on"})))
 	default:
 		t.Fatalf("unknown set-up %q", setup)
 	}

@@ -1,6 +1,8 @@
 package memdriver_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
@@ -12,7 +14,7 @@ import (
 type harness struct{}
 
 func (harness) Capabilities() conformance.Capabilities {
-	return conformance.Capabilities{Signals: true, AliveLock: true, Faults: true}
+	return conformance.Capabilities{Signals: true, AliveLock: true, Faults: true, Pauses: true}
 }
 
 func (harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
@@ -25,8 +27,36 @@ func (harness) MakeBenchmarkStore(b *testing.B, cfg conformance.StoreConfig) con
 
 func newStore(cfg conformance.StoreConfig) conformance.Store {
 	s := memdriver.New(memdriver.Options{Now: cfg.Now, PartitionCount: cfg.PartitionCount})
-	return conformance.Store{Coordinator: s, Faults: faults{s}}
+	return conformance.Store{Coordinator: s, Faults: faults{s}, Pauses: pauser{s}}
 }
+
+// pauser holds claims with HoldClaims: a memdriver claim is one atomic step,
+// so every claim pause point is its start.
+type pauser struct{ s *memdriver.Store }
+
+func (p pauser) Arm(point conformance.PausePoint, id uuid.UUID) (conformance.Pause, error) {
+	if point != conformance.PauseClaimAfterCandidates {
+		return nil, fmt.Errorf("memdriver: no pause point %q", point)
+	}
+	reached, release := p.s.HoldClaims(id)
+	return hold{reached, release}, nil
+}
+
+type hold struct {
+	reached <-chan struct{}
+	release func()
+}
+
+func (h hold) Reached(ctx context.Context) error {
+	select {
+	case <-h.reached:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h hold) Release() { h.release() }
 
 // faults maps the suite's fault injection onto memdriver's hooks.
 type faults struct{ s *memdriver.Store }

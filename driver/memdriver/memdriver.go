@@ -56,6 +56,7 @@ type Store struct {
 	instances   map[uuid.UUID]*instanceRow
 	live        []uuid.UUID // registered instance ids in UUID byte order (rank order)
 	deadLetters []driver.DeadLetter
+	holds       claimHolds
 
 	subs     map[uuid.UUID][]*subscription
 	locks    map[uuid.UUID]*aliveLock

@@ -96,6 +96,9 @@ func (s *Store) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.
 	if err := req.Validate(); err != nil {
 		return driver.ClaimResult{}, err
 	}
+	if err := s.waitHold(ctx, req.InstanceID); err != nil {
+		return driver.ClaimResult{}, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkAlive(req.InstanceID); err != nil {

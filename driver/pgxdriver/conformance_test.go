@@ -37,9 +37,9 @@ type harness struct{ simple, copyAll bool }
 
 func (h harness) Capabilities() conformance.Capabilities {
 	if h.simple {
-		return conformance.Capabilities{}
+		return conformance.Capabilities{Pauses: true}
 	}
-	return conformance.Capabilities{Signals: true, AliveLock: true, Faults: true}
+	return conformance.Capabilities{Signals: true, AliveLock: true, Faults: true, Pauses: true}
 }
 
 func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
@@ -47,7 +47,7 @@ func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformanc
 	if h.copyAll {
 		c.opts.EnqueueCopyThreshold = 1
 	}
-	st := conformance.Store{Coordinator: c}
+	st := conformance.Store{Coordinator: c, Pauses: pgtest.Pauser{T: t, Schema: c.opts.Schema}}
 	if !h.simple {
 		st.Faults = &faults{t: t, c: c}
 	}

@@ -97,6 +97,7 @@ func Config(t testing.TB, mode pgx.QueryExecMode) *pgxpool.Config {
 	cfg.MinConns = 0
 	cfg.MaxConnIdleTime = 30 * time.Second
 	cfg.ConnConfig.DefaultQueryExecMode = mode
+	cfg.ConnConfig.RuntimeParams[PauseSetting] = "on"
 	return cfg
 }
 
