@@ -72,6 +72,29 @@
 // (SignalOrphan). Deregister does the same for one instance at once (graceful
 // shutdown).
 //
+// # Invariants
+//
+// The rules above add up to four invariants that hold at every instant,
+// whatever runs concurrently (claims of instances that joined or left
+// mid-call, acks, renewals, evictions), and that the conformance suite and
+// the history checker (package conformance/history) verify:
+//
+//  1. No row of an order scope is leased while an earlier row of that scope
+//     is unprocessed and not leased with it: pending, scheduled for a retry,
+//     or leased to another instance.
+//  2. The unexpired leases of one order scope belong to one instance.
+//  3. On one instance an item never runs twice at once, nor do two items of
+//     one scope (the pump's part: a handler that overran its lease keeps its
+//     scope busy locally until it returns).
+//  4. Attempts never exceed the pump's MaxAttempts without the item going to
+//     the dead letters.
+//
+// A store that decides in steps must make each decision on the state it
+// will write over, not on an earlier read: Postgres claims read candidates
+// on one snapshot and lock their streams afterwards, so which candidates
+// are still fresh and whether a stream's owner is still registered are
+// decided again after the locks.
+//
 // Bad input never writes: every method validates its whole argument first and
 // returns an error wrapping ErrInvalidArgument (or ErrUnknownCategory,
 // ErrNotRenewable) that names the offending field.
