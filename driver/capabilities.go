@@ -61,7 +61,11 @@ type Listener interface {
 	// Listen starts listening for signals addressed to instanceID and takes
 	// its alive-lock. The subscription reconnects by itself; it reports gate
 	// changes as signals. It returns once the first connection attempt ended,
-	// whether or not it succeeded (then Available is false).
+	// whether or not it succeeded (then Available is false). When that
+	// attempt connected and found the alive-lock held by another session,
+	// or another open subscription of instanceID exists in this process,
+	// it fails with an error wrapping ErrInstanceIDInUse that names the id:
+	// a second live process under one id is refused, not run as the first.
 	Listen(ctx context.Context, instanceID uuid.UUID) (Subscription, error)
 }
 

@@ -208,6 +208,20 @@ type HeartbeatRequest struct {
 	// LockLostAfter applies the lock-loss rule in the opportunistic sweep
 	// too; 0 disables it. See CleanupRequest.LockLostAfter.
 	LockLostAfter time.Duration
+	// Interval declares the longest the caller means to go before its next
+	// heartbeat; 0 declares nothing. The store records it with the
+	// heartbeat, and the stale rule gives the instance at least
+	// Interval + Interval/2 before it counts as stale (see
+	// CleanupRequest.StaleAfter): a caller that beats less often than
+	// StaleAfter while its alive-lock proves it alive is not evicted by a
+	// sweep that lands in a listener reconnect gap. DeadAfter still bounds
+	// every instance.
+	Interval time.Duration
+	// Registered says the caller believes it is registered: an earlier
+	// heartbeat of this process succeeded and it has not deregistered. A
+	// store that finds no row then reports Reregistered: the instance was
+	// evicted meanwhile and its leases were released.
+	Registered bool
 }
 
 // Validate checks r.
@@ -218,6 +232,14 @@ func (r HeartbeatRequest) Validate() error {
 	if err := validateCutoffs(r.StaleAfter, r.DeadAfter); err != nil {
 		return err
 	}
+	if r.Interval < 0 {
+		return fmt.Errorf("%w: Interval: %v is negative (0 declares no heartbeat interval)", ErrInvalidArgument, r.Interval)
+	}
+	if r.Interval > r.DeadAfter {
+		// Peers evict past DeadAfter whatever the interval: a longer one
+		// would get a live instance evicted between its beats.
+		return fmt.Errorf("%w: Interval: %v is above DeadAfter %v", ErrInvalidArgument, r.Interval, r.DeadAfter)
+	}
 	return validateLockLost(r.LockLostAfter)
 }
 
@@ -225,12 +247,24 @@ func (r HeartbeatRequest) Validate() error {
 type HeartbeatResult struct {
 	// Evicted lists instances removed by the opportunistic stale sweep.
 	Evicted []uuid.UUID
+	// Reregistered is true when the request said Registered but the store
+	// had no row for the instance, so this heartbeat registered it anew:
+	// the instance had been evicted (or deregistered) and holds nothing
+	// it claimed before.
+	Reregistered bool
 }
 
 // CleanupRequest is the argument of CleanupStale.
 type CleanupRequest struct {
+	// StaleAfter is the stale cutoff age: an instance whose last heartbeat
+	// is older than StaleAfter, and older than Interval + Interval/2 for
+	// the Interval its last heartbeat declared (HeartbeatRequest.Interval),
+	// is stale; a stale instance whose alive-lock no session holds is
+	// evicted.
 	StaleAfter time.Duration
-	DeadAfter  time.Duration
+	// DeadAfter is the absolute bound: an instance whose last heartbeat is
+	// older is evicted whatever its lock and declared interval.
+	DeadAfter time.Duration
 	// LockLostAfter enables fast failover beyond the spec (0 disables it).
 	// An instance whose last heartbeat reported its alive-lock held, and
 	// whose lock is now gone, died with its listener session (a crash, a

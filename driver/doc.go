@@ -72,6 +72,18 @@
 // (SignalOrphan). Deregister does the same for one instance at once (graceful
 // shutdown).
 //
+// Liveness grace. A heartbeat may declare the caller's heartbeat interval
+// (HeartbeatRequest.Interval); the stale rule then waits for the later of
+// StaleAfter and one and a half such intervals, so an instance whose slow
+// cadence is vouched for by its alive-lock is not evicted by a sweep that
+// lands while its listener reconnects. DeadAfter bounds every instance. A
+// heartbeat that says the caller believes it is registered
+// (HeartbeatRequest.Registered) but finds no row reports Reregistered: the
+// instance learns it was evicted, and that it holds nothing it claimed
+// before; ClaimWork and RenewLeases tell it the same with
+// ErrUnknownInstance. Listen refuses a second live subscription of an
+// instance id whose alive-lock is held (ErrInstanceIDInUse).
+//
 // # Invariants
 //
 // The rules above add up to four invariants that hold at every instant,

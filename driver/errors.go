@@ -14,6 +14,12 @@ var (
 	// instance that has no instance row (never heartbeated, deregistered or
 	// evicted as stale). Record a heartbeat first.
 	ErrUnknownInstance = errors.New("workpump: instance is not registered")
+	// ErrInstanceIDInUse is returned by Listen when another session holds
+	// the instance's alive-lock: another live process runs under the same
+	// instance id (or a crashed one's server session lingers until the
+	// server drops it). Two processes under one id would claim as one
+	// instance, so the second is refused.
+	ErrInstanceIDInUse = errors.New("workpump: instance id in use")
 	// ErrLeaseLost is reported (wrapped, per item) when the caller no longer
 	// owns the lease it tries to renew, complete or fail.
 	ErrLeaseLost = errors.New("workpump: lease lost")

@@ -430,13 +430,19 @@ func (w *ClaimWorker) waitFor(ctx context.Context, d time.Duration, untilSignal 
 	}
 }
 
-// waitWake waits only for RequestImmediatePoll (no capacity to claim into).
+// waitWake waits for RequestImmediatePoll (no capacity to claim into). It
+// still reads signals, which only a claim could serve, so gate changes are
+// noted (and reported through OnGateChange) while the dispatcher is full.
 func (w *ClaimWorker) waitWake(ctx context.Context) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-w.wake:
-		return true
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-w.wake:
+			return true
+		case s, ok := <-w.signals:
+			w.noteSignal(s, ok)
+		}
 	}
 }
 

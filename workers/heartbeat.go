@@ -19,6 +19,13 @@ import (
 // right after a store outage.
 const withdrawRetry = time.Second
 
+// lockWatch is how often the loop looks at the alive-lock while the last
+// beat vouched for it. A listener can break at any moment, whatever the
+// claim loop is doing, and peers evict an instance whose vouched-for lock
+// stays missing for LockLostAfter (3 s by default): reading a local flag
+// four times a second lets the withdrawing beat go out well inside that.
+const lockWatch = 250 * time.Millisecond
+
 // HeartbeatCoordinator is the part of driver.Coordinator the heartbeat
 // worker uses.
 type HeartbeatCoordinator interface {
@@ -47,6 +54,11 @@ type HeartbeatConfig struct {
 type HeartbeatHooks struct {
 	// OnBeat reports each RecordHeartbeat call.
 	OnBeat func(HeartbeatEvent)
+	// OnReregistered reports a beat that found this instance evicted and
+	// registered it anew (driver.HeartbeatResult.Reregistered): every
+	// lease it held before was released to its peers. It runs before
+	// Beat returns, so a claim that follows the beat is already fresh.
+	OnReregistered func()
 }
 
 // HeartbeatEvent describes one RecordHeartbeat call.
@@ -56,7 +68,10 @@ type HeartbeatEvent struct {
 	// AliveLockHeld is what the call reported about this instance's
 	// alive-lock (HeartbeatRequest.AliveLockHeld).
 	AliveLockHeld bool
-	Err           error
+	// Reregistered: the store had no row for this instance although an
+	// earlier beat had registered it; it was evicted and is registered anew.
+	Reregistered bool
+	Err          error
 }
 
 // HeartbeatStats counts the heartbeat worker's calls.
@@ -64,6 +79,8 @@ type HeartbeatStats struct {
 	Beats    uint64 // RecordHeartbeat calls
 	Failures uint64 // calls that returned an error
 	Evicted  uint64 // peers evicted by the sweeps those calls ran
+	// Reregistrations counts beats that found this instance evicted.
+	Reregistrations uint64
 }
 
 // HeartbeatWorker records this instance's heartbeat on its own timer,
@@ -84,7 +101,16 @@ type HeartbeatStats struct {
 // is due at once, whatever the cadence, because only a heartbeat that says
 // "lock lost" keeps peers from evicting a process that is alive but merely
 // lost its listener; if that beat fails it is retried every second, not
-// every Interval.
+// every Interval. While the last beat vouched for the lock the loop looks
+// at it every 250 ms on its own timer, so the withdrawing beat goes out
+// within about that of the listener breaking, whatever the claim loop or
+// the dispatcher are doing.
+//
+// Each beat declares the interval until the next one (SlowInterval while
+// the lock proves liveness, else Interval: driver.HeartbeatRequest.Interval),
+// so peers' stale rule waits for a slow cadence too, and says whether an
+// earlier beat registered the instance (Registered): a store that had no
+// row then reports the instance evicted, and OnReregistered fires.
 type HeartbeatWorker struct {
 	coord  HeartbeatCoordinator
 	req    driver.HeartbeatRequest
@@ -95,14 +121,18 @@ type HeartbeatWorker struct {
 	life   lifecycle
 
 	recheck chan struct{}
+	forced  atomic.Bool // RequestBeat: the next check beats
 
 	mu       sync.Mutex // serialises beats
 	last     time.Time  // start of the last beat, local clock
 	lastOK   bool
 	vouched  bool // the last successful beat reported the lock held
-	beats    atomic.Uint64
-	failures atomic.Uint64
-	evicted  atomic.Uint64
+	// registered: a beat succeeded, so the store should have our row.
+	registered bool
+	beats      atomic.Uint64
+	failures   atomic.Uint64
+	evicted    atomic.Uint64
+	reregs     atomic.Uint64
 }
 
 // NewHeartbeatWorker applies defaults, validates cfg and returns a stopped
@@ -158,8 +188,14 @@ func (w *HeartbeatWorker) Beat(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	start := time.Now()
+	w.forced.Store(false)
 	req := w.req
 	req.AliveLockHeld = w.lockProvesLiveness()
+	req.Registered = w.registered
+	req.Interval = w.opts.Interval
+	if req.AliveLockHeld {
+		req.Interval = w.opts.SlowInterval
+	}
 	res, err := w.coord.RecordHeartbeat(ctx, req)
 	w.last, w.lastOK = start, err == nil
 	w.beats.Add(1)
@@ -167,15 +203,34 @@ func (w *HeartbeatWorker) Beat(ctx context.Context) error {
 		w.failures.Add(1)
 	} else {
 		w.vouched = req.AliveLockHeld
+		w.registered = true
 		w.evicted.Add(uint64(len(res.Evicted)))
 		if len(res.Evicted) > 0 {
 			w.logger.Info("stale peers evicted", "count", len(res.Evicted), "ids", res.Evicted)
 		}
+		if res.Reregistered {
+			w.reregs.Add(1)
+			w.logger.Warn("this instance had been evicted by its peers; registered anew (the work it held was released to them)",
+				"instance", req.Instance.ID)
+			if w.hooks.OnReregistered != nil {
+				w.hooks.OnReregistered()
+			}
+		}
 	}
 	if w.hooks.OnBeat != nil {
-		w.hooks.OnBeat(HeartbeatEvent{Start: start, Evicted: res.Evicted, AliveLockHeld: req.AliveLockHeld, Err: err})
+		w.hooks.OnBeat(HeartbeatEvent{Start: start, Evicted: res.Evicted, AliveLockHeld: req.AliveLockHeld,
+			Reregistered: res.Reregistered, Err: err})
 	}
 	return err
+}
+
+// RequestBeat makes the loop beat at once (it never blocks). Call it when
+// another call suggests this instance was evicted (ClaimWork or
+// RenewLeases reported driver.ErrUnknownInstance): the beat registers it
+// anew and reports the eviction (OnReregistered).
+func (w *HeartbeatWorker) RequestBeat() {
+	w.forced.Store(true)
+	w.Recheck()
 }
 
 // Recheck makes the loop re-evaluate the lock state now rather than at its
@@ -192,7 +247,8 @@ func (w *HeartbeatWorker) Recheck() {
 
 // Stats returns the worker's counters.
 func (w *HeartbeatWorker) Stats() HeartbeatStats {
-	return HeartbeatStats{Beats: w.beats.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load()}
+	return HeartbeatStats{Beats: w.beats.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load(),
+		Reregistrations: w.reregs.Load()}
 }
 
 // lockProvesLiveness reports whether the lock proves liveness right now:
@@ -207,7 +263,7 @@ func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 	w.mu.Lock()
 	last, ok, vouched := w.last, w.lastOK, w.vouched
 	w.mu.Unlock()
-	if last.IsZero() {
+	if last.IsZero() || w.forced.Load() {
 		return 0
 	}
 	held := w.lockProvesLiveness()
@@ -235,10 +291,14 @@ func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 		return 0
 	}
 	// Next check: the next multiple of Interval since the last beat, or the
-	// slow deadline, whichever is first.
+	// slow deadline, whichever is first; while the last beat vouched for
+	// the lock, lockWatch at most.
 	next := last.Add((elapsed/w.opts.Interval + 1) * w.opts.Interval)
 	if slow := last.Add(w.opts.SlowInterval); slow.Before(next) {
 		next = slow
+	}
+	if vouched {
+		return min(next.Sub(now), lockWatch)
 	}
 	return next.Sub(now)
 }

@@ -83,18 +83,28 @@ func TestHeartbeatLockTransitions(t *testing.T) {
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(sec(130))
-		lock.lock.Store(false) // held → not held at 130 s; the check at 150 s beats
+		// Transitions fall between the lock watch's 250 ms ticks, so which
+		// tick sees each one is certain.
+		ms := time.Millisecond
+		time.Sleep(sec(130) + 100*ms)
+		lock.lock.Store(false) // held → not held at 130.1 s; the lock watch beats at 130.25 s
 		time.Sleep(sec(60))
-		lock.lock.Store(true) // at 190 s: the check at 210 s sees it held, next beat at 240 s
+		lock.lock.Store(true) // at 190.1 s: the check at 190.25 s sees it held, the slow deadline beats at 220.25 s
 		time.Sleep(sec(75))
-		lock.lock.Store(false) // at 265 s: the check at 270 s beats
+		lock.lock.Store(false) // at 265.1 s: the watch (every 250 ms since 220.25 s) beats at 265.25 s
 		time.Sleep(sec(100))
 		stop(t, w)
-		// 0, 60, 120 held; 150, 180 not held; 210 check skipped (held), 240,
-		// then the lock drops at 265: the check at 270 beats, then 300, 330, 360.
 		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{
-			0, sec(60), sec(120), sec(150), sec(180), sec(240), sec(270), sec(300), sec(330), sec(360),
+			0, sec(60), sec(120), sec(130) + 250*ms, sec(160) + 250*ms, sec(220) + 250*ms, sec(265) + 250*ms,
+			sec(295) + 250*ms, sec(325) + 250*ms, sec(355) + 250*ms,
+		})
+		// Each beat declares its cadence: slow while the lock vouches, fast otherwise.
+		var got []time.Duration
+		for _, c := range coord.of("heartbeat") {
+			got = append(got, c.req.(driver.HeartbeatRequest).Interval)
+		}
+		eqDurations(t, "declared intervals", got, []time.Duration{
+			sec(60), sec(60), sec(60), sec(30), sec(30), sec(60), sec(30), sec(30), sec(30), sec(30),
 		})
 	})
 }

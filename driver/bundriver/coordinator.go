@@ -523,11 +523,11 @@ func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatR
 	in := req.Instance
 	ev, err := c.queryIDs(ctx, c.db, "RecordHeartbeat", c.sql.heartbeat, in.ID.String(), in.ServiceName, in.Host,
 		pgcall.Int32(in.PID), string(in.Metadata), req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg(),
-		req.AliveLockHeld, req.LockLostAfter.Nanoseconds())
+		req.AliveLockHeld, req.LockLostAfter.Nanoseconds(), req.Registered, req.Interval.Nanoseconds())
 	if err != nil {
 		return driver.HeartbeatResult{}, err
 	}
-	return driver.HeartbeatResult{Evicted: ev}, nil
+	return pgcall.HeartbeatResult(in.ID, ev), nil
 }
 
 // CleanupStale evicts instances older than StaleAfter whose alive-lock is

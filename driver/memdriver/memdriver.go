@@ -179,6 +179,17 @@ type instanceRow struct {
 	// lockMissingSince is when a sweep first saw the reported lock
 	// missing; zero when none has (or a heartbeat or a held lock cleared it).
 	lockMissingSince time.Time
+	// interval is the heartbeat interval the last heartbeat declared
+	// (driver.HeartbeatRequest.Interval); 0 when it declared none.
+	interval time.Duration
+}
+
+// stale reports whether in's heartbeat is stale at now: older than
+// staleAfter and than one and a half declared heartbeat intervals (computed
+// without adding durations, which could overflow).
+func (in *instanceRow) stale(now time.Time, staleAfter time.Duration) bool {
+	age := now.Sub(in.lastHeartbeat)
+	return age > staleAfter && age > in.interval && age-in.interval > in.interval/2
 }
 
 var (
@@ -298,8 +309,9 @@ func cloneBytes(b []byte) []byte {
 }
 
 // RecordHeartbeat upserts the instance row (StartedAt on first insert, last
-// heartbeat = now, identity fields updated, the reported lock state stored
-// and any lock-missing note cleared) and runs the sweep when another
+// heartbeat = now, identity fields updated, the reported lock state and the
+// declared interval stored and any lock-missing note cleared; Reregistered
+// when the caller said Registered but had no row) and runs the sweep when another
 // instance's heartbeat is older than StaleAfter or, with LockLostAfter set,
 // when another instance that reported its lock held has lost it.
 func (s *Store) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
@@ -321,6 +333,7 @@ func (s *Store) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest
 	}
 	now := s.now()
 	in := s.instances[id]
+	anew := in == nil && req.Registered
 	if in == nil {
 		in = &instanceRow{startedAt: now}
 		s.instances[id] = in
@@ -338,6 +351,7 @@ func (s *Store) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest
 	in.lastHeartbeat = now
 	in.reportedLock = req.AliveLockHeld
 	in.lockMissingSince = time.Time{}
+	in.interval = req.Interval
 
 	cutoff := now.Add(-req.StaleAfter)
 	for oid, o := range s.instances {
@@ -345,15 +359,15 @@ func (s *Store) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest
 			continue
 		}
 		if o.lastHeartbeat.Before(cutoff) || (req.LockLostAfter > 0 && o.reportedLock && !s.lockHeld(oid)) {
-			return driver.HeartbeatResult{Evicted: s.sweep(now, req.StaleAfter, req.DeadAfter, req.LockLostAfter)}, nil
+			return driver.HeartbeatResult{Evicted: s.sweep(now, req.StaleAfter, req.DeadAfter, req.LockLostAfter), Reregistered: anew}, nil
 		}
 	}
-	return driver.HeartbeatResult{}, nil
+	return driver.HeartbeatResult{Reregistered: anew}, nil
 }
 
-// CleanupStale evicts instances older than StaleAfter whose alive-lock is
-// free, instances older than DeadAfter regardless, and, with LockLostAfter
-// set, instances whose reported lock has been missing for LockLostAfter
+// CleanupStale evicts instances older than StaleAfter (and than one and a
+// half declared heartbeat intervals) whose alive-lock is free, instances
+// older than DeadAfter regardless, and, with LockLostAfter set, instances whose reported lock has been missing for LockLostAfter
 // (see driver.CleanupRequest), and returns their ids in UUID order.
 func (s *Store) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error) {
 	if err := ctx.Err(); err != nil {
@@ -375,13 +389,13 @@ func (s *Store) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]
 // apart, rather than acting on one, keeps a listener that is reconnecting
 // (and re-taking its lock) from being evicted on a single unlucky look.
 func (s *Store) sweep(now time.Time, staleAfter, deadAfter, lockLost time.Duration) []uuid.UUID {
-	staleCut, deadCut := now.Add(-staleAfter), now.Add(-deadAfter)
+	deadCut := now.Add(-deadAfter)
 	var evicted []uuid.UUID
 	for _, id := range s.live { // rank order, so evicted is sorted
 		in := s.instances[id]
 		held := s.lockHeld(id)
 		hb := in.lastHeartbeat
-		if hb.Before(deadCut) || (hb.Before(staleCut) && !held) {
+		if hb.Before(deadCut) || (in.stale(now, staleAfter) && !held) {
 			evicted = append(evicted, id)
 			continue
 		}

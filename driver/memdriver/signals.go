@@ -2,6 +2,7 @@ package memdriver
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/google/uuid"
 	"github.com/workpump/workpump/driver"
@@ -150,10 +151,11 @@ func (sub *subscription) Close() error {
 }
 
 // Listen subscribes to instanceID's signals and takes its alive-lock. When
-// another session holds the lock (HoldAliveLock), the subscription still
-// connects but AliveLockHeld is false until that session lets go, as with
-// pg_try_advisory_lock retried by a listener. When the listener is dropped
-// (DropListener), the subscription starts unavailable. The subscription
+// another session holds the lock (HoldAliveLock) or another open
+// subscription of instanceID exists, it fails with an error wrapping
+// driver.ErrInstanceIDInUse: a second process under one id is refused.
+// When the listener is dropped (DropListener), the subscription starts
+// unavailable (and takes the lock when it is restored). The subscription
 // ends when ctx is done or Close is called. No signal is sent for the
 // initial state; read Available.
 func (s *Store) Listen(ctx context.Context, instanceID uuid.UUID) (driver.Subscription, error) {
@@ -167,6 +169,14 @@ func (s *Store) Listen(ctx context.Context, instanceID uuid.UUID) (driver.Subscr
 	defer s.mu.Unlock()
 	if err := s.checkAlive(instanceID); err != nil {
 		return nil, err
+	}
+	for _, other := range s.subs[instanceID] {
+		if !other.closed && !other.dead {
+			return nil, fmt.Errorf("memdriver: Listen: instance %s: %w: another subscription of this id is open", instanceID, driver.ErrInstanceIDInUse)
+		}
+	}
+	if s.lockHeld(instanceID) {
+		return nil, fmt.Errorf("memdriver: Listen: instance %s: %w: another session holds its alive-lock", instanceID, driver.ErrInstanceIDInUse)
 	}
 	sub := &subscription{
 		s:         s,

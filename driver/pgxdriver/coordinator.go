@@ -636,15 +636,16 @@ func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatR
 	}
 	in := req.Instance
 	rows, err := c.pool.Query(ctx, c.sql.heartbeat, in.ID, in.ServiceName, in.Host, int32(min(in.PID, 1<<31-1)), string(in.Metadata),
-		req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg(), req.AliveLockHeld, req.LockLostAfter.Nanoseconds())
+		req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg(), req.AliveLockHeld, req.LockLostAfter.Nanoseconds(),
+		req.Registered, req.Interval.Nanoseconds())
 	if err != nil {
 		return driver.HeartbeatResult{}, c.sqlErr("RecordHeartbeat", err)
 	}
-	ev, err := uuidRows(rows)
+	ids, err := uuidRows(rows)
 	if err != nil {
 		return driver.HeartbeatResult{}, c.sqlErr("RecordHeartbeat", err)
 	}
-	return driver.HeartbeatResult{Evicted: ev}, nil
+	return pgcall.HeartbeatResult(in.ID, ids), nil
 }
 
 // CleanupStale evicts instances older than StaleAfter whose alive-lock is

@@ -25,6 +25,13 @@ const listenerAppName = "workpump-listener"
 // signal is sent for the initial state; read Available. The subscription
 // ends when ctx is done or Close is called.
 //
+// When that first attempt connects and finds the alive-lock held by
+// another session, Listen fails with an error wrapping
+// driver.ErrInstanceIDInUse: another live process (or a crashed one's
+// lingering server session) holds the id, and two processes under one id
+// would claim as one instance. A lock found taken on a later reconnect is
+// retried instead (logged at ERROR): this process held it first.
+//
 // With the listener disabled (Options.DisableListener, or a simple-protocol
 // pool without Options.ListenerConnString) the subscription is never
 // available and never holds the alive-lock.
@@ -59,6 +66,10 @@ func (c *Coordinator) Listen(ctx context.Context, instanceID uuid.UUID) (driver.
 	case <-first:
 	case <-ctx.Done():
 	}
+	if err := s.firstError(); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -74,6 +85,7 @@ type subscription struct {
 	lockHeld  bool
 	closed    bool
 	crashed   bool   // fault injection: behave as a dead process, never reconnect
+	inUse     error  // the first connection found the alive-lock taken (Listen fails)
 	pid       uint32 // backend pid of the current connection, 0 when none
 
 	cancel    context.CancelFunc
@@ -149,6 +161,12 @@ func (s *subscription) push(sig driver.Signal) {
 	}
 }
 
+func (s *subscription) firstError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inUse
+}
+
 func (s *subscription) isCrashed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -163,6 +181,17 @@ func (s *subscription) run(ctx context.Context, first chan struct{}) {
 	initial := true
 	for {
 		conn, held, err := s.connect(ctx)
+		if err == nil && initial && !held {
+			// Another session holds the id's alive-lock: refuse to run a
+			// second process under it rather than share its identity.
+			_ = conn.Close(context.Background())
+			s.mu.Lock()
+			s.inUse = fmt.Errorf("pgxdriver: Listen: instance %s: %w: another session holds its alive-lock "+
+				"(another process runs with this id, or a crashed one's session has not ended yet)", s.id, driver.ErrInstanceIDInUse)
+			s.mu.Unlock()
+			close(first)
+			return
+		}
 		if err == nil {
 			backoff = o.ListenerReconnectMin
 			s.mu.Lock()
@@ -172,7 +201,8 @@ func (s *subscription) run(ctx context.Context, first chan struct{}) {
 			}
 			s.mu.Unlock()
 			if !held {
-				s.c.log.Warn("alive-lock is held by another session; will retry", "instance", s.id)
+				s.c.log.Error("alive-lock is held by another session since this listener reconnected; will retry "+
+					"(another process may have started with this instance id)", "instance", s.id)
 			}
 		} else if ctx.Err() == nil {
 			s.c.log.Warn("listener connection failed", "instance", s.id, "error", err, "retry_in", backoff)

@@ -59,7 +59,7 @@ var (
 	Complete       = Call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
 	Fail           = Call{"wp_fail", []string{"uuid", "text[]", "uuid[]", "integer[]", "text[]", "bigint[]", "integer", "bigint", "bigint", "timestamptz"}, true}
 	Release        = Call{"wp_release", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
-	Heartbeat      = Call{"wp_record_heartbeat", []string{"uuid", "text", "text", "integer", "text", "bigint", "bigint", "timestamptz", "boolean", "bigint"}, true}
+	Heartbeat      = Call{"wp_record_heartbeat", []string{"uuid", "text", "text", "integer", "text", "bigint", "bigint", "timestamptz", "boolean", "bigint", "boolean", "bigint"}, true}
 	Cleanup        = Call{"wp_cleanup_stale_instances", []string{"bigint", "bigint", "timestamptz", "bigint"}, true}
 	Deregister     = Call{"wp_deregister", []string{"uuid", "timestamptz"}, false}
 	Purge          = Call{"wp_purge", []string{"bigint", "bigint", "bigint", "timestamptz"}, true}
@@ -417,6 +417,22 @@ func (a *Applied) Result(refs []driver.Ref) driver.AckResult {
 		default:
 			res.Lost = append(res.Lost, r)
 		}
+	}
+	return res
+}
+
+// HeartbeatResult turns the ids wp_record_heartbeat returned into the
+// driver's result: the caller's own id among them means it had said it was
+// registered but had no row, so it was registered anew (a sweep never
+// evicts the caller); every other id is a peer the sweep evicted.
+func HeartbeatResult(self uuid.UUID, ids []uuid.UUID) driver.HeartbeatResult {
+	var res driver.HeartbeatResult
+	for _, id := range ids {
+		if id == self {
+			res.Reregistered = true
+			continue
+		}
+		res.Evicted = append(res.Evicted, id)
 	}
 	return res
 }
