@@ -123,10 +123,10 @@ type HeartbeatWorker struct {
 	recheck chan struct{}
 	forced  atomic.Bool // RequestBeat: the next check beats
 
-	mu       sync.Mutex // serialises beats
-	last     time.Time  // start of the last beat, local clock
-	lastOK   bool
-	vouched  bool // the last successful beat reported the lock held
+	mu      sync.Mutex // serialises beats
+	last    time.Time  // start of the last beat, local clock
+	lastOK  bool
+	vouched bool // the last successful beat reported the lock held
 	// registered: a beat succeeded, so the store should have our row.
 	registered bool
 	beats      atomic.Uint64
