@@ -6,6 +6,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/workpump/workpump/driver"
 )
 
@@ -65,11 +67,18 @@ func (p *Pump) claimedSince(n uint64) bool {
 func (p *Pump) flushCompletions(ctx context.Context, cs []completion) error {
 	refs := p.completeRefs[:0]
 	oldest := uint64(math.MaxUint64)
+	reissued := false
 	for _, c := range cs {
 		refs = append(refs, c.ref)
 		oldest = min(oldest, c.claim)
+		reissued = reissued || c.ref.Attempts > 1
+	}
+	var stale []driver.Ref
+	if reissued {
+		refs, stale = latestAttempts(refs)
 	}
 	p.completeRefs = refs
+	p.noteLost(stale, "completion")
 	var res driver.AckResult
 	err := withRetry(ctx, func() (err error) {
 		res, err = p.coord.Complete(ctx, p.opts.ID, refs)
@@ -106,6 +115,12 @@ func (p *Pump) flushCompletions(ctx context.Context, cs []completion) error {
 }
 
 func (p *Pump) flushFailures(ctx context.Context, fs []driver.Failure) error {
+	for _, f := range fs {
+		if f.Ref.Attempts > 1 {
+			fs = latestFailures(fs, p.noteLost)
+			break
+		}
+	}
 	req := driver.FailRequest{
 		InstanceID: p.opts.ID, Failures: fs,
 		MaxAttempts: p.opts.MaxAttempts, RetryBase: p.opts.RetryBase, RetryMax: p.opts.RetryMax,
@@ -145,17 +160,29 @@ func (p *Pump) release(items []driver.Work) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	defer cancel()
-	var res driver.AckResult
-	err := withRetry(ctx, func() (err error) {
-		res, err = p.coord.Release(ctx, p.opts.ID, refs)
-		return err
-	})
-	if err != nil {
-		p.log.Warn("release failed; the leases will expire instead", "items", len(refs), "error", err)
-		return
+	p.releaseRefs(ctx, refs)
+}
+
+// releaseRefs releases refs in AckBatch-sized calls. A row may appear more
+// than once (an attempt and its re-issue, both given back at Stop); only its
+// latest attempt can still be held, so only that one is sent.
+func (p *Pump) releaseRefs(ctx context.Context, refs []driver.Ref) {
+	uniq, _ := latestAttempts(refs)
+	for len(uniq) > 0 {
+		chunk := uniq[:min(len(uniq), p.opts.AckBatch)]
+		uniq = uniq[len(chunk):]
+		var res driver.AckResult
+		err := withRetry(ctx, func() (err error) {
+			res, err = p.coord.Release(ctx, p.opts.ID, chunk)
+			return err
+		})
+		if err != nil {
+			p.log.Warn("release failed; the leases will expire instead", "items", len(chunk), "error", err)
+			continue
+		}
+		p.stats.released.Add(uint64(res.Applied))
+		p.noteLost(res.Lost, "release")
 	}
-	p.stats.released.Add(uint64(res.Applied))
-	p.noteLost(res.Lost, "release")
 }
 
 func (p *Pump) noteLost(lost []driver.Ref, what string) {
@@ -169,6 +196,59 @@ func (p *Pump) noteLost(lost []driver.Ref, what string) {
 			h(r)
 		}
 	}
+}
+
+// latestAttempts keeps, for each row, its latest attempt in refs (in place,
+// order kept) and returns the others. A batch holds two attempts of one row
+// when a handler overran its lease and returned after its row was handed
+// out again; the older attempt is no longer held (the store would refuse
+// it), and a store rejects a call naming a row twice.
+func latestAttempts(refs []driver.Ref) (keep, stale []driver.Ref) {
+	at := make(map[rowKey]int, len(refs))
+	keep = refs[:0]
+	for _, r := range refs {
+		k := rowKey{r.Category, r.ID}
+		i, dup := at[k]
+		switch {
+		case !dup:
+			at[k] = len(keep)
+			keep = append(keep, r)
+		case r.Attempts > keep[i].Attempts:
+			stale = append(stale, keep[i])
+			keep[i] = r
+		default:
+			stale = append(stale, r)
+		}
+	}
+	return keep, stale
+}
+
+// latestFailures is latestAttempts for failures; the stale ones go to lost.
+func latestFailures(fs []driver.Failure, lost func([]driver.Ref, string)) []driver.Failure {
+	at := make(map[rowKey]int, len(fs))
+	keep := make([]driver.Failure, 0, len(fs))
+	var stale []driver.Ref
+	for _, f := range fs {
+		k := rowKey{f.Ref.Category, f.Ref.ID}
+		i, dup := at[k]
+		switch {
+		case !dup:
+			at[k] = len(keep)
+			keep = append(keep, f)
+		case f.Ref.Attempts > keep[i].Ref.Attempts:
+			stale = append(stale, keep[i].Ref)
+			keep[i] = f
+		default:
+			stale = append(stale, f.Ref)
+		}
+	}
+	lost(stale, "failure")
+	return keep
+}
+
+type rowKey struct {
+	c  driver.Category
+	id uuid.UUID
 }
 
 func refSet(refs []driver.Ref) map[driver.Ref]struct{} {

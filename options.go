@@ -42,7 +42,10 @@ type Options struct {
 	// a slow handler set never sits on leases other instances could use.
 	MaxInFlight int
 
-	// MaxAttempts: a failure on this attempt dead-letters the item (default 10).
+	// MaxAttempts: a failure on this attempt dead-letters the item (default
+	// 10). A claimed attempt beyond it (the earlier ones ended without an
+	// outcome: a crash, a lost lease, a handler overrunning its lease) is
+	// not run but dead-lettered, with an error text saying so.
 	MaxAttempts int
 	// RetryBase and RetryMax shape the retry backoff:
 	// min(RetryBase << min(attempts, 10), RetryMax); defaults 30 s and 300 s
@@ -92,11 +95,26 @@ type Hooks struct {
 	LeaseLost func(ref driver.Ref)
 	// GateChanged: the signal listener went up or down.
 	GateChanged func(available bool)
-	// Evicted: a heartbeat found this instance evicted by its peers (they
-	// took it for dead, e.g. while it could not reach the store) and
-	// registered it anew; cancelled counts the handlers whose contexts were
-	// cancelled because their rows were released to the peers.
-	Evicted func(cancelled int)
+	// Overrun: a handler was still running LeaseGrace after its context
+	// ended for its lease (deadline or lease lost), so the store may hand
+	// its row to another attempt while it runs. Called once per attempt,
+	// from a timer goroutine.
+	Overrun func(OverrunEvent)
+}
+
+// OverrunEvent describes a handler running past its lease. Until it
+// returns, no other item of its order scope (and no other attempt of its
+// item) starts on this instance; its row's next attempt is reclaimed when
+// the store's lease expires, and past MaxAttempts dead-lettered.
+type OverrunEvent struct {
+	Ref      driver.Ref // the attempt still running
+	StreamID string
+	Name     string
+	// Cause: workers.ErrLeaseDeadline (renewals capped, refused or failing)
+	// or driver.ErrLeaseLost.
+	Cause error
+	// ContextEnded is when the handler's context ended, on the local clock.
+	ContextEnded time.Time
 }
 
 // Defaults from the spec.

@@ -342,7 +342,7 @@ func TestPump_LongHandlerRenewsLeaseAndCompletes(t *testing.T) {
 	})
 }
 
-func TestPump_HungHandlerPastCapIsReissuedAndCancelled(t *testing.T) {
+func TestPump_HungHandlerPastCapIsCancelledAndNotRerunWhileItRuns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := memdriver.New(memdriver.Options{})
 		opts := quietOptions()
@@ -371,20 +371,32 @@ func TestPump_HungHandlerPastCapIsReissuedAndCancelled(t *testing.T) {
 		})
 		p.Start(t.Context())
 		ids := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "h"})
-		waitFor(t, 10*time.Minute, "re-issue completed", func() bool { return rowGone(s, driver.Outbox, ids[0]) })
+		// The store re-issues the row once the hung attempt's lease expires;
+		// the re-issue waits behind the attempt still running.
+		waitFor(t, 10*time.Minute, "re-issue claimed", func() bool {
+			ws, _, _ := s.GetWork(context.Background(), driver.Outbox, ids[0])
+			return ws.Attempts == 2
+		})
+		time.Sleep(time.Second)
 		mu.Lock()
-		if len(seen) != 2 || seen[1] != 2 {
-			t.Errorf("attempts seen = %v, want [1 2]", seen)
+		if len(seen) != 1 {
+			t.Errorf("attempts run while the first still runs = %v, want [1]", seen)
 		}
 		if !errors.Is(cause, workers.ErrLeaseDeadline) {
 			t.Errorf("hung handler's context cause = %v, want ErrLeaseDeadline", cause)
 		}
 		mu.Unlock()
 		close(hung)
+		waitFor(t, time.Minute, "re-issue completed", func() bool { return rowGone(s, driver.Outbox, ids[0]) })
+		mu.Lock()
+		if len(seen) != 2 || seen[1] != 2 {
+			t.Errorf("attempts seen = %v, want [1 2]", seen)
+		}
+		mu.Unlock()
 		stop(t, p)
 		// The old attempt's late completion is fenced off.
-		if st := p.Stats(); st.LeaseLost != 1 {
-			t.Fatalf("lease lost = %d, want 1 (the hung attempt's late ack)", st.LeaseLost)
+		if st := p.Stats(); st.LeaseLost != 1 || st.Overruns != 1 {
+			t.Fatalf("lease lost = %d, overruns = %d; want 1 (the hung attempt's late ack) and 1", st.LeaseLost, st.Overruns)
 		}
 	})
 }

@@ -62,10 +62,8 @@ type Pump struct {
 }
 
 type pumpCounters struct {
-	// evictions: beats that found this instance evicted (Stats.Evictions).
-	evictions atomic.Uint64
-
 	completed, completedInTx, failed, deadLettered, leaseLost, released, ackErrors atomic.Uint64
+	overruns, abandoned                                                            atomic.Uint64
 }
 
 // Stats is a snapshot of a pump's counters.
@@ -78,7 +76,8 @@ type Stats struct {
 	LeaseLost     uint64 // acks or renewals refused: a peer holds the item now
 	Released      uint64 // unstarted items given back
 	AckErrors     uint64 // ack round trips that failed (the items are redelivered later)
-	Evictions     uint64 // times this instance found itself evicted by its peers and registered anew (Hooks.Evicted)
+	Overruns      uint64 // handlers still running LeaseGrace after their lease context ended (Hooks.Overrun)
+	Abandoned     uint64 // handlers Stop gave up waiting for (their rows were released)
 	Claim         workers.ClaimStats
 	Heartbeat     workers.HeartbeatStats
 	Renewal       workers.RenewalStats
@@ -174,11 +173,6 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 		// The listener lives as long as the pump, not as long as Start's
 		// context: ending it would drop the alive-lock under a live pump.
 		sub, err := l.Listen(context.WithoutCancel(ctx), o.ID)
-		if errors.Is(err, driver.ErrInstanceIDInUse) {
-			// Another live process runs under this id: two processes
-			// would claim as one instance, so this one does not start.
-			return fmt.Errorf("workpump: Start: %w", err)
-		}
 		if err != nil {
 			// Polling covers for a missing listener; the pump still runs.
 			p.log.Warn("signal listener unavailable; polling only", "error", err)
@@ -196,25 +190,19 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 			if e.Err == nil && o.Hooks.HeartbeatRecorded != nil {
 				o.Hooks.HeartbeatRecorded(e.Evicted)
 			}
-		}, OnReregistered: p.evicted},
+		}},
 	})
 	if err != nil {
 		return err
 	}
 	p.renew, err = workers.NewLeaseRenewalWorker(workers.RenewalConfig{
 		Coordinator: p.coord, InstanceID: o.ID, Lease: o.Claim.Lease, Options: o.Renewal, Logger: p.log,
-		Hooks: workers.RenewalHooks{OnRenew: func(c workers.RenewalCall) {
-			if errors.Is(c.Err, driver.ErrUnknownInstance) {
-				// Evicted: the beat registers the instance anew and
-				// reports it (p.evicted).
-				p.hb.RequestBeat()
-			}
-		}, OnLeaseLost: func(k workers.LeaseKey) {
+		Hooks: workers.RenewalHooks{OnLeaseLost: func(k workers.LeaseKey) {
 			p.stats.leaseLost.Add(1)
 			if o.Hooks.LeaseLost != nil {
 				o.Hooks.LeaseLost(driver.Ref{Category: k.Category, ID: k.ID})
 			}
-		}},
+		}, OnOverrun: p.overrun},
 	})
 	if err != nil {
 		return err
@@ -274,21 +262,6 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	return p.claim.Start(ctx)
 }
 
-// evicted runs when a heartbeat found this instance evicted by its peers
-// (they thought it dead) and registered it anew. The store released every
-// lease it held, so peers may be running its rows already: its handlers'
-// contexts are cancelled (their acks would be refused anyway), and the
-// claim loop goes on as a fresh registration.
-func (p *Pump) evicted() {
-	p.stats.evictions.Add(1)
-	lost := p.renew.LoseAll()
-	p.log.Warn("this instance was evicted by its peers and registered anew; handlers of the rows it held are cancelled",
-		"instance", p.opts.ID, "cancelled", lost)
-	if p.opts.Hooks.Evicted != nil {
-		p.opts.Hooks.Evicted(lost)
-	}
-}
-
 func (p *Pump) requestPoll() {
 	if p.claim != nil {
 		p.claim.RequestImmediatePoll()
@@ -299,10 +272,18 @@ func (p *Pump) requestPoll() {
 // application enqueued work through a path that sends no signal.
 func (p *Pump) RequestImmediatePoll() { p.requestPoll() }
 
-// Stop stops claiming, lets in-flight handlers finish until ctx is done,
-// then cancels the rest, flushes completions and failures, deregisters the
-// instance (releasing every lease it still holds so peers take over at
-// once) and stops the workers. It is idempotent.
+// Stop stops claiming and lets in-flight handlers finish until ctx is done.
+// Then it cancels the handlers' contexts and waits one second more; handlers
+// still running after that are abandoned (each named in a WARN log, counted
+// in Stats.Abandoned) and left to return on their own, their late outcome
+// dropped. It flushes completions and failures, releases the rows of items
+// never started, of handlers that returned an error only because Stop
+// cancelled them and of abandoned handlers (their attempt given back, no
+// retry delay), deregisters the instance (so peers take over at once) and
+// stops the workers. Stop thus returns by ctx's deadline plus about a
+// second, plus the store round trips of the final acks and the deregister
+// (bounded by 10 s together when the store is slow or unreachable); an
+// already expired ctx still deregisters. It is idempotent.
 func (p *Pump) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -329,32 +310,28 @@ func (p *Pump) teardown(ctx context.Context) error {
 	if p.claim != nil {
 		keep(p.claim.Stop(ctx))
 	}
+	var giveBack []driver.Ref
 	if p.disp != nil {
-		p.disp.stopping.Store(true)
-		close(p.disp.runs)
-		drained := make(chan struct{})
-		go func() { p.disp.wg.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-ctx.Done():
-			p.log.Warn("stop deadline reached; cancelling running handlers", "in_flight", p.disp.inflight.Load())
-			p.disp.cancel()
-			<-drained
-		}
-		p.disp.cancel()
+		giveBack = p.disp.shutdown(ctx)
 	}
-	// The final flushes and the deregister get time of their own: they are
-	// what keeps the work done so far from being redone.
+	// The final flushes, releases and the deregister get time of their
+	// own: they are what keeps the work done so far from being redone and
+	// lets peers take the rest at once.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
 	defer cancel()
+	if p.renew != nil {
+		// First: an abandoned handler's lease must not be renewed after its
+		// row is released below.
+		keep(p.renew.Stop(fctx))
+	}
 	if p.complete != nil {
 		keep(p.complete.Close(fctx))
 	}
 	if p.fail != nil {
 		keep(p.fail.Close(fctx))
 	}
-	if p.renew != nil {
-		keep(p.renew.Stop(fctx))
+	if len(giveBack) > 0 {
+		p.releaseRefs(fctx, giveBack)
 	}
 	if p.maint != nil {
 		keep(p.maint.Stop(fctx))
@@ -375,6 +352,20 @@ func (p *Pump) teardown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// overrun reports a handler running past its lease (see workers.Overrun).
+func (p *Pump) overrun(o workers.Overrun) {
+	p.stats.overruns.Add(1)
+	p.log.Warn("handler overran its lease and still runs; its stream stays blocked on this instance until it returns",
+		"category", o.Key.Category, "id", o.Key.ID, "name", o.Name, "stream", o.StreamID,
+		"attempt", o.Attempt, "cause", o.Cause, "context_ended", o.EndedAt)
+	if h := p.opts.Hooks.Overrun; h != nil {
+		h(OverrunEvent{
+			Ref:      driver.Ref{Category: o.Key.Category, ID: o.Key.ID, Attempts: o.Attempt},
+			StreamID: o.StreamID, Name: o.Name, Cause: o.Cause, ContextEnded: o.EndedAt,
+		})
+	}
+}
+
 // Stats returns a snapshot of the pump's counters.
 func (p *Pump) Stats() Stats {
 	s := Stats{
@@ -385,7 +376,8 @@ func (p *Pump) Stats() Stats {
 		LeaseLost:     p.stats.leaseLost.Load(),
 		Released:      p.stats.released.Load(),
 		AckErrors:     p.stats.ackErrors.Load(),
-		Evictions:     p.stats.evictions.Load(),
+		Overruns:      p.stats.overruns.Load(),
+		Abandoned:     p.stats.abandoned.Load(),
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

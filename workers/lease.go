@@ -20,6 +20,21 @@ var ErrLeaseDeadline = errors.New("workers: lease deadline reached (lease minus 
 // or after the renewal worker stopped.
 var ErrLeaseReleased = errors.New("workers: lease handle released")
 
+// Overrun describes a handler that kept running past its lease: its
+// handle's context ended for the lease (the deadline, or the store reporting
+// the lease lost) and the handler had still not returned LeaseGrace later,
+// when the store may already have handed the row to another attempt.
+type Overrun struct {
+	Key      LeaseKey
+	Attempt  int    // the attempt the handler runs (driver.Work.Attempts)
+	StreamID string // "" for an item without a stream
+	Name     string
+	// Cause is why the context ended: ErrLeaseDeadline (renewals refused,
+	// failed or capped by MaxRenewalsPerWork) or driver.ErrLeaseLost.
+	Cause   error
+	EndedAt time.Time // when the context ended, on the local clock
+}
+
 // LeaseKey identifies a leased row.
 type LeaseKey struct {
 	Category driver.Category
@@ -64,12 +79,24 @@ type LeaseHandle struct {
 	// timer fires at the earlier of renewAt and deadline: one timer per
 	// handle, not one for each (a handle is made for every dispatched item).
 	timer *time.Timer
+
+	// What an overrun report names (see Begin).
+	attempt      int
+	stream, name string
+	running      bool      // Begin was called
+	cause        error     // why the context ended
+	endedAt      time.Time // when it ended
+	overran      bool      // the overrun was reported
 }
 
-func newLeaseHandle(parent context.Context, owner *LeaseRenewalWorker, key LeaseKey, start time.Time) *LeaseHandle {
+func newLeaseHandle(parent context.Context, owner *LeaseRenewalWorker, work driver.Work, start time.Time) *LeaseHandle {
 	ctx, cancel := context.WithCancelCause(parent)
+	key := LeaseKey{Category: work.Category, ID: work.ID}
 	h := &LeaseHandle{
 		key:       key,
+		attempt:   work.Attempts,
+		stream:    work.StreamID,
+		name:      work.Name,
 		renewable: key.Category.Renewable(),
 		lease:     owner.lease,
 		grace:     owner.opts.LeaseGrace,
@@ -164,27 +191,74 @@ func (h *LeaseHandle) RequestRenewal() bool {
 	return h.owner.RequestRenewal(h.key.Category, h.key.ID)
 }
 
+// Begin marks the moment the dispatch's handler starts. From then on the
+// handle watches for an overrun: when its context ends for the lease (the
+// deadline, or the store reporting the lease lost) and the handle is still
+// not disposed LeaseGrace later, the worker reports it once through
+// RenewalHooks.OnOverrun. LeaseGrace is what the handler was given to stop
+// before the store's lease could expire; a handler that ignores its context
+// past that point may be running alongside another attempt of its row.
+// Handles of items waiting behind their stream are not begun, so their
+// expiry is no overrun (nothing runs).
+func (h *LeaseHandle) Begin() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.running = true
+	if h.ended && !h.disposed && leaseCause(h.cause) {
+		h.timer.Reset(time.Until(h.endedAt.Add(h.grace)))
+	}
+}
+
+// Overran reports whether the handle reported an overrun.
+func (h *LeaseHandle) Overran() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.overran
+}
+
 // Dispose ends the handle when the dispatch is over: the context is
-// cancelled (cause ErrLeaseReleased), timers stop, renewals are refused and
-// the registry forgets it. Idempotent.
+// cancelled (cause ErrLeaseReleased), timers stop (an overrun not reported
+// yet never will be), renewals are refused and the registry forgets it.
+// Idempotent.
 func (h *LeaseHandle) Dispose() {
 	h.mu.Lock()
 	first := !h.disposed
-	h.disposed = true
-	h.endLocked(ErrLeaseReleased)
+	h.disposeLocked()
 	h.mu.Unlock()
 	if first {
 		h.owner.forget(h)
 	}
 }
 
-// endLocked cancels the context with cause and stops the timer.
-func (h *LeaseHandle) endLocked(cause error) {
+func (h *LeaseHandle) disposeLocked() {
+	h.disposed = true
+	h.endLocked(ErrLeaseReleased)
 	h.timer.Stop()
-	if !h.ended {
-		h.ended = true
-		h.cancel(cause)
+}
+
+// leaseCause reports whether a context ended because of the lease, as
+// opposed to Dispose or the worker stopping.
+func leaseCause(cause error) bool {
+	return errors.Is(cause, ErrLeaseDeadline) || errors.Is(cause, driver.ErrLeaseLost)
+}
+
+// endLocked cancels the context with cause. The timer stops, unless a
+// running handler lost its lease: then it fires once more LeaseGrace later
+// to see whether the handler overran. A handle ends only once; a later
+// cause changes nothing.
+func (h *LeaseHandle) endLocked(cause error) {
+	if h.ended {
+		return
 	}
+	h.ended = true
+	h.cause = cause
+	h.endedAt = time.Now()
+	h.cancel(cause)
+	if h.running && !h.disposed && leaseCause(cause) {
+		h.timer.Reset(h.grace)
+		return
+	}
+	h.timer.Stop()
 }
 
 // onTimer ends the handle at its deadline and asks for renewal at renewAt.
@@ -193,7 +267,18 @@ func (h *LeaseHandle) endLocked(cause error) {
 func (h *LeaseHandle) onTimer() {
 	h.mu.Lock()
 	if h.ended {
+		// The overrun check; a firing planned before the context ended
+		// (a renewal time) may arrive early and finds nothing to do yet.
+		report := h.running && !h.disposed && !h.overran && leaseCause(h.cause) &&
+			!time.Now().Before(h.endedAt.Add(h.grace))
+		if !report {
+			h.mu.Unlock()
+			return
+		}
+		h.overran = true
+		o := Overrun{Key: h.key, Attempt: h.attempt, StreamID: h.stream, Name: h.name, Cause: h.cause, EndedAt: h.endedAt}
 		h.mu.Unlock()
+		h.owner.overrun(o)
 		return
 	}
 	now := time.Now()

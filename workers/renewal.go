@@ -40,6 +40,10 @@ type RenewalHooks struct {
 	// OnLeaseLost reports a handle ended because the store no longer leases
 	// its row to this instance.
 	OnLeaseLost func(LeaseKey)
+	// OnOverrun reports a begun handle whose handler was still running
+	// LeaseGrace after its context ended for the lease (see
+	// LeaseHandle.Begin). It runs on the handle's timer goroutine.
+	OnOverrun func(Overrun)
 }
 
 // RenewalCall describes one RenewLeases call.
@@ -60,6 +64,7 @@ type RenewalStats struct {
 	Lost      uint64 // handles ended with driver.ErrLeaseLost
 	Errors    uint64 // failed RenewLeases calls
 	Dropped   uint64 // requests refused by a full queue or a stopped worker
+	Overruns  uint64 // handlers reported running past their lease (OnOverrun)
 }
 
 // LeaseRenewalWorker keeps the leases of running dispatches alive. Each
@@ -84,7 +89,7 @@ type LeaseRenewalWorker struct {
 	stopped bool
 	handles map[LeaseKey]*LeaseHandle
 
-	requested, skipped, calls, renewed, lost, errs, dropped atomic.Uint64
+	requested, skipped, calls, renewed, lost, errs, dropped, overruns atomic.Uint64
 }
 
 // NewLeaseRenewalWorker applies defaults, validates cfg and returns a
@@ -161,8 +166,7 @@ func (w *LeaseRenewalWorker) Stop(ctx context.Context) error {
 	w.mu.Unlock()
 	for _, h := range hs {
 		h.mu.Lock()
-		h.disposed = true
-		h.endLocked(ErrLeaseReleased)
+		h.disposeLocked()
 		h.mu.Unlock()
 	}
 	return err
@@ -178,14 +182,13 @@ func (w *LeaseRenewalWorker) Acquire(parent context.Context, work driver.Work, c
 	if claimStart.IsZero() {
 		claimStart = time.Now()
 	}
-	key := LeaseKey{Category: work.Category, ID: work.ID}
-	h := newLeaseHandle(parent, w, key, claimStart)
+	h := newLeaseHandle(parent, w, work, claimStart)
+	key := h.key
 	w.mu.Lock()
 	if w.stopped {
 		w.mu.Unlock()
 		h.mu.Lock()
-		h.disposed = true
-		h.endLocked(ErrLeaseReleased)
+		h.disposeLocked()
 		h.mu.Unlock()
 		return h
 	}
@@ -234,6 +237,7 @@ func (w *LeaseRenewalWorker) Stats() RenewalStats {
 		Lost:      w.lost.Load(),
 		Errors:    w.errs.Load(),
 		Dropped:   w.dropped.Load(),
+		Overruns:  w.overruns.Load(),
 	}
 	if f != nil {
 		s.Dropped += f.Stats().Dropped
@@ -241,22 +245,11 @@ func (w *LeaseRenewalWorker) Stats() RenewalStats {
 	return s
 }
 
-// LoseAll ends every registered handle with cause driver.ErrLeaseLost and
-// returns how many it ended. Call it when the instance was evicted: the
-// store released all its leases at once, so no running or queued dispatch
-// holds its row any more.
-func (w *LeaseRenewalWorker) LoseAll() int {
-	w.mu.Lock()
-	hs := make([]*LeaseHandle, 0, len(w.handles))
-	for _, h := range w.handles {
-		hs = append(hs, h)
+func (w *LeaseRenewalWorker) overrun(o Overrun) {
+	w.overruns.Add(1)
+	if w.hooks.OnOverrun != nil {
+		w.hooks.OnOverrun(o)
 	}
-	w.mu.Unlock()
-	for _, h := range hs {
-		h.lose()
-	}
-	w.lost.Add(uint64(len(hs)))
-	return len(hs)
 }
 
 func (w *LeaseRenewalWorker) forget(h *LeaseHandle) {
