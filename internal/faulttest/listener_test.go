@@ -245,3 +245,105 @@ func TestListenerLoss_StartContextEndsListener(t *testing.T) {
 		}
 	})
 }
+
+// TestListenerCut_BusyInstanceNotEvicted_Postgres: instance A's dispatcher
+// is full (MaxInFlight handlers blocked), with the default heartbeat
+// cadence (its lock vouches for it, so the next beat is a minute away) and
+// the default lock-loss rule (3 s, probed every second by A and by peer B).
+// A's listener backend is terminated and its reconnect held back 8 s. A's
+// heartbeat must report the lock gone within about a second, so nobody
+// evicts A; its handlers run on and its rows stay leased to it; when the
+// listener reconnects, the alive-lock is held again.
+func TestListenerCut_BusyInstanceNotEvicted_Postgres(t *testing.T) {
+	e := newPGEnv(t)
+	ctx := t.Context()
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var handlerCtxs []context.Context
+	busy := func(in *pgInstance) error {
+		return in.pump.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+			mu.Lock()
+			handlerCtxs = append(handlerCtxs, ctx)
+			mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-release:
+				return nil
+			}
+		})
+	}
+	defer close(release)
+	optsA := workpump.Options{ServiceName: "faulttest", Concurrency: 2, MaxInFlight: 2}
+	optsA.Claim.PollInterval = 100 * time.Millisecond
+	a := e.startInstance(instanceConfig{opts: optsA, maxConns: 4, register: busy,
+		pg: pgxdriver.Options{ListenerReconnectMin: 8 * time.Second, ListenerReconnectMax: 8 * time.Second}})
+	if err := e.enqueue(ctx, makeItems("cut", []driver.Category{driver.Outbox}, 2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "A's dispatcher full", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handlerCtxs) == 2 && a.pump.Stats().InFlight == 2
+	})
+	b := e.startInstance(instanceConfig{opts: workpump.Options{ServiceName: "faulttest"}, maxConns: 2,
+		register: registerAll(func(in *pgInstance) workpump.Handler {
+			return func(context.Context, workpump.Work) error { return nil }
+		})})
+	reported := func() (held bool, beat time.Time) {
+		t.Helper()
+		if err := e.admin.QueryRow(ctx, `SELECT reported_alive_lock, last_heartbeat_at FROM `+e.q("wp_service_instances")+
+			` WHERE instance_id = $1`, a.id).Scan(&held, &beat); err != nil {
+			t.Fatalf("A's instance row: %v", err)
+		}
+		return held, beat
+	}
+	waitUntil(t, 10*time.Second, "A vouching for its alive-lock", func() bool { held, _ := reported(); return held })
+	held0, _ := e.leasedTo(ctx, a.id)
+	if len(held0) != 2 {
+		t.Fatalf("A holds %d rows, want 2", len(held0))
+	}
+
+	cutAt := time.Now()
+	if pid, err := e.terminateAliveLockHolder(ctx, a.id); err != nil || pid == 0 {
+		t.Fatalf("terminating A's listener: pid %d, %v", pid, err)
+	}
+	// A liveness bound, not a timing measurement: the withdrawal is due
+	// within 250 ms of the listener noticing, plus one round trip.
+	waitUntil(t, 1500*time.Millisecond, "A's heartbeat reporting its alive-lock gone", func() bool {
+		held, beat := reported()
+		return !held && beat.After(cutAt.Add(-time.Second))
+	})
+	reportedAfter := time.Since(cutAt)
+
+	// LockLostAfter (3 s) plus two probe intervals and a margin, all before
+	// the listener reconnects at 8 s: A must stay.
+	time.Sleep(6 * time.Second)
+	if n := e.count(`SELECT count(*) FROM `+e.q("wp_service_instances")+` WHERE instance_id = $1`, a.id); n != 1 {
+		t.Fatalf("A was evicted although only its listener broke")
+	}
+	if st := a.pump.Stats(); st.Evictions != 0 || st.InFlight != 2 {
+		t.Fatalf("A's stats: Evictions=%d InFlight=%d, want 0 and 2", st.Evictions, st.InFlight)
+	}
+	mu.Lock()
+	for _, hctx := range handlerCtxs {
+		if hctx.Err() != nil {
+			t.Errorf("A's handler was cancelled (%v) although A was never evicted", context.Cause(hctx))
+		}
+	}
+	mu.Unlock()
+	if held, err := e.leasedTo(ctx, a.id); err != nil || len(held) != 2 {
+		t.Fatalf("rows leased to A after the cut: %d (%v), want its 2", len(held), err)
+	}
+	if ev := b.pump.Stats().Heartbeat.Evicted; ev != 0 {
+		t.Fatalf("B's heartbeats evicted %d instances", ev)
+	}
+
+	// The reconnect takes the alive-lock on a new session.
+	waitUntil(t, 15*time.Second, "A's listener holding the alive-lock again", func() bool {
+		pid, _ := e.aliveLockHolder(ctx, a.id)
+		return pid != 0
+	})
+	t.Logf("listener cut with the dispatcher full: lock reported gone %v after the cut; A never evicted; lock re-taken after the reconnect",
+		reportedAfter.Round(time.Millisecond))
+}
