@@ -734,3 +734,47 @@ func TestClaimConstructorRejects(t *testing.T) {
 		t.Fatalf("valid config: %v", err)
 	}
 }
+
+// TestClaimGateNoticedWhileFull: with no capacity the worker waits for a
+// wake, yet a gate change arriving meanwhile is noted and reported at once
+// (OnGateChange: the pump's heartbeat then withdraws its lock), without a
+// claim; when room frees up, the reconnect is served by the next claim.
+func TestClaimGateNoticedWhileFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var free atomic.Int64
+		free.Store(0)
+		sub := newFakeSub(true)
+		r := newClaimRig(t, nil, ClaimOptions{}, sub, func(c *ClaimConfig) {
+			c.Capacity = func() int { return int(free.Load()) }
+		})
+		r.start()
+		synctest.Wait()
+		time.Sleep(sec(10))
+		sub.setGate(false)
+		synctest.Wait()
+		r.mu.Lock()
+		changes := slices.Clone(r.gateChanges)
+		r.mu.Unlock()
+		if !slices.Equal(changes, []bool{false}) {
+			t.Fatalf("gate changes while full: %v, want [false] at once", changes)
+		}
+		time.Sleep(sec(5))
+		sub.setGate(true)
+		synctest.Wait()
+		if n := len(r.coord.of("claim")); n != 0 {
+			t.Fatalf("%d claims without capacity", n)
+		}
+		free.Store(5)
+		r.w.RequestImmediatePoll()
+		synctest.Wait()
+		stop(t, r.w)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !slices.Equal(r.gateChanges, []bool{false, true}) || len(r.reconnects) != 1 || r.reconnects[0] != sec(5) {
+			t.Fatalf("gate changes %v, reconnects %v; want [false true] and one 5s outage", r.gateChanges, r.reconnects)
+		}
+		if c := r.coord.of("claim"); len(c) != 1 || c[0].at.Sub(r.t0) != sec(15) {
+			t.Fatalf("claims %v, want one at 15s when room freed up", r.claims())
+		}
+	})
+}

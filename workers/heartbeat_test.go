@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -374,5 +375,91 @@ func TestHeartbeatFailedBeatWithoutLockRetriesAfterInterval(t *testing.T) {
 		time.Sleep(sec(95))
 		stop(t, w)
 		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(30), sec(60), sec(90)})
+	})
+}
+
+// reregCoord reports the heartbeat numbered anewAt (1-based) as a
+// re-registration, as a store does for an instance it evicted.
+type reregCoord struct {
+	*fakeCoord
+	anewAt int
+}
+
+func (c reregCoord) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
+	res, err := c.fakeCoord.RecordHeartbeat(ctx, req)
+	if err == nil && len(c.of("heartbeat")) == c.anewAt && req.Registered {
+		res.Reregistered = true
+	}
+	return res, err
+}
+
+// TestHeartbeatReportsReregistration: every beat after the first successful
+// one says the instance is registered; a beat the store answers with
+// Reregistered fires OnReregistered (once, before Beat returns), shows in
+// the event and the stats, and the beats go on.
+func TestHeartbeatReportsReregistration(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := reregCoord{fakeCoord: &fakeCoord{heartbeat: func(n int) error {
+			if n == 1 {
+				return errors.New("connection refused")
+			}
+			return nil
+		}}, anewAt: 4}
+		var events []HeartbeatEvent
+		var rereg []int
+		logs := &logBuf{}
+		w, err := NewHeartbeatWorker(HeartbeatConfig{Coordinator: coord, Instance: testInstance, Logger: logs.logger(),
+			Hooks: HeartbeatHooks{
+				OnBeat:         func(e HeartbeatEvent) { events = append(events, e) },
+				OnReregistered: func() { rereg = append(rereg, len(events)) },
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(125))
+		stop(t, w)
+		var registered []bool
+		for _, c := range coord.of("heartbeat") {
+			registered = append(registered, c.req.(driver.HeartbeatRequest).Registered)
+		}
+		// Beat 1 fails (nothing registered yet), beat 2 registers, 3 and 4
+		// say registered; the store answers 4 with a re-registration.
+		if want := []bool{false, false, true, true, true}; !slices.Equal(registered, want) {
+			t.Fatalf("Registered per beat = %v, want %v", registered, want)
+		}
+		if !slices.Equal(rereg, []int{3}) {
+			t.Fatalf("OnReregistered ran before events %v, want once, during the 4th beat (before its OnBeat)", rereg)
+		}
+		if len(events) != 5 || !events[3].Reregistered || events[2].Reregistered || events[4].Reregistered {
+			t.Fatalf("events %+v, want only the 4th reporting Reregistered", events)
+		}
+		if st := w.Stats(); st.Reregistrations != 1 || st.Beats != 5 {
+			t.Fatalf("stats %+v, want 5 beats, 1 re-registration", st)
+		}
+		logs.mustContain(t, "evicted")
+	})
+}
+
+// TestHeartbeatRequestBeat: RequestBeat has the loop beat at once, however
+// far the next beat is.
+func TestHeartbeatRequestBeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{}
+		lock := newFakeSub(true)
+		lock.lock.Store(true)
+		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(10) + 100*time.Millisecond)
+		w.RequestBeat()
+		time.Sleep(sec(60))
+		stop(t, w)
+		// 0, the requested beat at 10.1 s, then the slow cadence from it.
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(10) + 100*time.Millisecond, sec(70) + 100*time.Millisecond})
 	})
 }
