@@ -36,6 +36,8 @@ const (
 	churnPerStream   = 12
 	churnFree        = 60
 	churnPerRound    = 24 // rows enqueued during each round
+	churnSteadySteps = 2  // claims per steady instance and round
+	churnMaxVisitors = 3  // short-lived instances per round, at most
 )
 
 // churnWorld is what the churn case's goroutines share.
@@ -60,7 +62,7 @@ func (w *churnWorld) fail(format string, args ...any) {
 // churnMembership is the rolling-deploy pattern, driven at the store: two
 // steady instances claim with the default batch size and settle what they
 // claim (all of it, or a prefix with a failure and a release behind it, or
-// they carry it into the next round), while in every round one or two
+// they carry it into the next round), while in every round one to three
 // short-lived instances register (at random ranks), claim one batch, fail,
 // release, complete or keep parts of it and leave, by Deregister or by
 // vanishing (to be evicted as stale later), and a producer enqueues more
@@ -98,9 +100,14 @@ func churnMembership(e *env) {
 		var wg sync.WaitGroup
 		for i, id := range steady {
 			seed := rng.Uint64()
-			wg.Go(func() { held[i] = w.steadyStep(id, held[i], rand.New(rand.NewPCG(seed, 1))) })
+			wg.Go(func() {
+				r := rand.New(rand.NewPCG(seed, 1))
+				for range churnSteadySteps {
+					held[i] = w.steadyStep(id, held[i], r)
+				}
+			})
 		}
-		for range 1 + rng.IntN(2) {
+		for range 1 + rng.IntN(churnMaxVisitors) {
 			seed := rng.Uint64()
 			wg.Go(func() { w.visit(rand.New(rand.NewPCG(seed, 2))) })
 		}
