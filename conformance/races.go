@@ -3,6 +3,8 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -50,6 +52,11 @@ func raceCases() []testCase {
 			})
 		}
 	}
+	cs = append(cs, testCase{
+		name:  "Races/RandomPeersWhileClaimsAreHeld",
+		needs: needPauses,
+		run:   func(e *env) { e.randomPeersWhileClaimsAreHeld(newRand(e.t), 48) },
+	})
 	return cs
 }
 
@@ -167,5 +174,194 @@ func (e *env) wantStreamOrder(what string, c driver.Category, ids []uuid.UUID) {
 			e.t.Fatalf("%s: rows of one stream are leased to %s and %s at once", what, short(holder), short(ws.InstanceID))
 		}
 		holder = ws.InstanceID
+	}
+}
+
+// randomPeersWhileClaimsAreHeld explores what a peer can do while a claim is
+// held between its candidate read and its locks, so the next race of that
+// kind is found by the suite rather than by a user: each round holds one
+// live instance's claim, lets peers join, claim (batches of 1, 3 or the
+// default 1000), fail, release, complete or leave, moves the clock, then
+// lets the claim go on. The order rule is checked on the store's state for
+// every scope after every step.
+func (e *env) randomPeersWhileClaimsAreHeld(rng *rand.Rand, rounds int) {
+	e.t.Helper()
+	type scopeRows struct {
+		c   driver.Category
+		ids []uuid.UUID
+	}
+	var scopes []scopeRows
+	held := map[uuid.UUID][]driver.Work{}
+	live := e.instances(1 + rng.IntN(2))
+	newStreams := func(round int) {
+		for i := 0; i < 2+rng.IntN(3); i++ {
+			c := []driver.Category{driver.Outbox, driver.PerspectiveEvent}[rng.IntN(2)]
+			ws := items(c, fmt.Sprintf("rand-%d-%d", round, i), 2+rng.IntN(4))
+			scopes = append(scopes, scopeRows{c, e.enqueue(ws...)})
+		}
+	}
+	check := func(what string) {
+		e.t.Helper()
+		for _, sc := range scopes {
+			e.wantStreamOrder(what, sc.c, sc.ids)
+		}
+	}
+	// took records a claim: a row handed out again (its earlier lease ran
+	// out, or a release gave its attempt back) is no longer anyone else's.
+	took := func(inst uuid.UUID, ws []driver.Work) {
+		again := map[uuid.UUID]bool{}
+		for _, w := range ws {
+			again[w.ID] = true
+		}
+		for id, hs := range held {
+			held[id] = slices.DeleteFunc(hs, func(w driver.Work) bool { return again[w.ID] })
+		}
+		held[inst] = append(held[inst], ws...)
+	}
+	claim := func(inst uuid.UUID, max int) {
+		e.t.Helper()
+		took(inst, e.claimReq(driver.ClaimRequest{InstanceID: inst, Lease: defaultLease, MaxPerCategory: max}).Work)
+	}
+	maxes := []int{1, 3, bigBatch}
+	// ack settles a random prefix of what inst holds, all the same way.
+	ack := func(inst uuid.UUID) {
+		e.t.Helper()
+		ws := held[inst]
+		if len(ws) == 0 {
+			return
+		}
+		n := 1 + rng.IntN(len(ws))
+		refs := refsOf(ws[:n])
+		var err error
+		done := false
+		switch rng.IntN(3) {
+		case 0:
+			done = true
+			_, err = e.c.Complete(e.ctx, inst, refs)
+		case 1:
+			fs := make([]driver.Failure, n)
+			for i, r := range refs {
+				fs[i] = driver.Failure{Ref: r, Error: "random", RetryAfter: time.Duration(1+rng.IntN(120)) * time.Second}
+			}
+			_, err = e.c.Fail(e.ctx, failReq(inst, fs...))
+		case 2:
+			_, err = e.c.Release(e.ctx, inst, refs)
+		}
+		if err != nil {
+			e.t.Fatalf("ack of %d refs by %s: %v", n, short(inst), err)
+		}
+		// As the pump does, a row that did not complete takes the held rows
+		// after it in its scope back with it (they were never run).
+		rest := ws[n:]
+		if !done {
+			broken := map[string]bool{}
+			for _, w := range ws[:n] {
+				broken[scope(w)] = true
+			}
+			var back []driver.Ref
+			rest = slices.DeleteFunc(slices.Clone(rest), func(w driver.Work) bool {
+				if w.StreamID != "" && broken[scope(w)] {
+					back = append(back, w.Ref())
+					return true
+				}
+				return false
+			})
+			if len(back) > 0 {
+				if _, err := e.c.Release(e.ctx, inst, back); err != nil {
+					e.t.Fatalf("release of %d refs by %s: %v", len(back), short(inst), err)
+				}
+			}
+		}
+		held[inst] = rest
+	}
+	for round := 0; round < rounds; round++ {
+		newStreams(round)
+		x := live[rng.IntN(len(live))]
+		pause, err := e.store.Pauses.Arm(PauseClaimAfterCandidates, x)
+		if err != nil {
+			e.t.Fatalf("Arm: %v", err)
+		}
+		req := driver.ClaimRequest{InstanceID: x, Lease: defaultLease, MaxPerCategory: maxes[rng.IntN(len(maxes))]}
+		type outcome struct {
+			res driver.ClaimResult
+			err error
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			res, err := e.c.ClaimWork(e.ctx, req)
+			done <- outcome{res, err}
+		}()
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		if err := pause.Reached(ctx); err != nil {
+			pause.Release()
+			cancel()
+			select {
+			case out := <-done:
+				// Nothing claimable for x (the claim returned before its
+				// pause point): fine, go on.
+				if out.err != nil {
+					e.t.Fatalf("round %d: x's claim: %v", round, out.err)
+				}
+				took(x, out.res.Work)
+				continue
+			default:
+			}
+			e.t.Fatalf("round %d: x's claim never reached its pause point: %v", round, err)
+		}
+		if rng.IntN(2) == 0 {
+			// The pattern of a rolling deploy: a new instance takes over
+			// ranks, claims a little and fails or releases some of it.
+			id := uuid.New()
+			e.register(id)
+			live = append(live, id)
+			claim(id, maxes[rng.IntN(2)])
+			ack(id)
+			check(fmt.Sprintf("round %d, after a joiner's claim", round))
+		}
+		for op := 0; op < rng.IntN(5); op++ {
+			peers := slices.DeleteFunc(slices.Clone(live), func(id uuid.UUID) bool { return id == x })
+			switch k := rng.IntN(6); {
+			case len(peers) > 3 && k == 0:
+				k = 5
+				fallthrough
+			case k == 5 && len(peers) > 0:
+				p := peers[rng.IntN(len(peers))]
+				e.deregister(p)
+				delete(held, p)
+				live = slices.DeleteFunc(live, func(id uuid.UUID) bool { return id == p })
+			case k == 0 || len(peers) == 0:
+				id := uuid.New()
+				e.register(id)
+				live = append(live, id)
+			case k <= 2:
+				claim(peers[rng.IntN(len(peers))], maxes[rng.IntN(len(maxes))])
+			default:
+				ack(peers[rng.IntN(len(peers))])
+			}
+			check(fmt.Sprintf("round %d, peer step %d", round, op))
+		}
+		if rng.IntN(4) == 0 {
+			e.advance(time.Duration(rng.IntN(400)) * time.Second)
+		}
+		pause.Release()
+		var out outcome
+		select {
+		case out = <-done:
+		case <-ctx.Done():
+			cancel()
+			e.t.Fatalf("round %d: x's claim did not return after its pause was released", round)
+		}
+		cancel()
+		if out.err != nil {
+			e.t.Fatalf("round %d: x's claim: %v", round, out.err)
+		}
+		took(x, out.res.Work)
+		check(fmt.Sprintf("round %d, after the held claim", round))
+		for _, id := range live {
+			if rng.IntN(2) == 0 {
+				ack(id)
+			}
+		}
+		check(fmt.Sprintf("round %d, after acks", round))
 	}
 }
