@@ -15,10 +15,6 @@ import (
 	"github.com/workpump/workpump/workers"
 )
 
-// errStopping is the cause of a handler's context when Stop stopped waiting
-// for it.
-var errStopping = errors.New("workpump: pump stopping")
-
 // run is the unit the dispatcher schedules: the items of one order scope
 // from one claimed batch, in order. A run executes on one goroutine, one item
 // at a time, so a stream's items never overlap or reorder; different runs
@@ -455,9 +451,9 @@ func (d *dispatcher) runOne(w driver.Work, h *workers.LeaseHandle, claim uint64)
 	}
 	if h.Overran() {
 		p.log.Warn("overrunning handler returned", "category", w.Category, "id", w.ID, "name", w.Name,
-			"stream", w.StreamID, "attempt", w.Attempts, "ran", time.Since(start), "error", err)
+			"stream", w.StreamID, "attempt", w.Attempts, "ran", time.Since(start).String(), "error", err)
 	}
-	stopCut := err != nil && errors.Is(context.Cause(ctx), errStopping)
+	stopCut := err != nil && errors.Is(context.Cause(ctx), ErrStopped)
 	h.Dispose()
 	if stopCut {
 		// It failed only because Stop cancelled it: give the attempt back
@@ -507,7 +503,7 @@ func (d *dispatcher) shutdown(ctx context.Context) []driver.Ref {
 	case <-drained:
 	case <-ctx.Done():
 		d.p.log.Warn("stop deadline reached; cancelling running handlers", "in_flight", d.inflight.Load())
-		d.cancel(errStopping)
+		d.cancel(ErrStopped)
 		t := time.NewTimer(stopWait)
 		select {
 		case <-drained:
@@ -516,7 +512,7 @@ func (d *dispatcher) shutdown(ctx context.Context) []driver.Ref {
 		}
 		t.Stop()
 	}
-	d.cancel(errStopping)
+	d.cancel(ErrStopped)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	refs := d.giveBack
@@ -560,7 +556,7 @@ func (d *dispatcher) abandon() {
 			d.p.stats.abandoned.Add(1)
 			d.p.log.Warn("abandoning a handler that ignored Stop's cancellation; its row is released",
 				"category", w.Category, "id", w.ID, "name", w.Name, "stream", w.StreamID,
-				"attempt", w.Attempts, "running_for", time.Since(s.started))
+				"attempt", w.Attempts, "running_for", time.Since(s.started).String())
 			for _, w := range s.r.items[s.at:] {
 				d.giveBack = append(d.giveBack, w.Ref())
 			}

@@ -14,8 +14,15 @@ import (
 // A panic is recovered and treated as an error carrying the stack.
 //
 // ctx is cancelled when the item's lease is about to expire (lease minus
-// grace, after the automatic renewals are used up or lost) or when Stop gives
-// up waiting. driver.DeliveryFrom(ctx) tells which attempt is running.
+// grace, after the automatic renewals are used up or lost; cause
+// workers.ErrLeaseDeadline or driver.ErrLeaseLost) or when Stop gives up
+// waiting (cause ErrStopped); context.Cause tells which. An error returned
+// because Stop cancelled the handler is no failure: the row is released,
+// its attempt given back. A handler that keeps running LeaseGrace past a
+// lease cancellation is reported as an overrun (Hooks.Overrun) and keeps
+// its stream blocked on this instance until it returns; one that ignores
+// Stop's cancellation for a second is abandoned (see Pump.Stop).
+// driver.DeliveryFrom(ctx) tells which attempt is running.
 type Handler func(ctx context.Context, w Work) error
 
 // handlerKey selects a handler: a name within a category, or "" for the
