@@ -334,3 +334,112 @@ func TestHungHandler_QueuedItemsOutliveTheirDeadline(t *testing.T) {
 		}
 	})
 }
+
+// TestHungHandler_PostgresStopAbandonsAndReleases: on Postgres, Stop with
+// a 2 s deadline while one handler ignores its context (a second item of
+// its stream queued behind it) and another returns its context's error when
+// cancelled (its stream's second item queued too). Stop returns 1 s after
+// the deadline plus the store round trips of the final releases and the
+// deregister; all four rows are back unowned with the attempt given back,
+// no retry scheduled and no error recorded; the instance row is gone; the
+// abandoned handler is named in the log; and its attempt, completed late,
+// is refused by the store.
+func TestHungHandler_PostgresStopAbandonsAndReleases(t *testing.T) {
+	e := newPGEnv(t)
+	ctx := context.Background()
+	items := makeItems("stop", []driver.Category{driver.Outbox}, 2, 2)
+	hungStream, cutStream := items[0].StreamID, items[1].StreamID
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unhang := func() { releaseOnce.Do(func() { close(release) }) }
+	defer unhang()
+	started := make(chan uuid.UUID, len(items))
+	o := failoverOptions(uuid.Must(uuid.NewV7()), nil)
+	o.Concurrency = 2
+	o.MaxInFlight = 10
+	in := e.startInstance(instanceConfig{opts: o, maxConns: 3, register: registerAll(func(*pgInstance) workpump.Handler {
+		return func(ctx context.Context, w workpump.Work) error {
+			started <- w.ID
+			if w.StreamID == hungStream {
+				<-release // ignores ctx
+				return nil
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	})})
+	if err := e.enqueue(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	got := map[uuid.UUID]bool{}
+	for range 2 {
+		select {
+		case id := <-started:
+			got[id] = true
+		case <-time.After(30 * time.Second):
+			t.Fatal("the two handlers did not start")
+		}
+	}
+	if !got[items[0].ID] || !got[items[1].ID] {
+		t.Fatalf("started %v, want the first item of each stream", got)
+	}
+
+	stopCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	begin := time.Now()
+	if err := in.pump.Stop(stopCtx); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	took := time.Since(begin)
+	// Deadline 2 s + 1 s after cancelling; the rest is round trips.
+	if took < 3*time.Second || took > 4*time.Second {
+		t.Errorf("Stop took %v, want 3 s (deadline + 1 s) plus the final round trips (< 1 s)", took)
+	}
+	if len(started) != 0 {
+		t.Errorf("%d more items started during Stop", len(started))
+	}
+	for _, it := range items {
+		ws, ok, err := e.coord.GetWork(ctx, driver.Outbox, it.ID)
+		if err != nil || !ok {
+			t.Fatalf("GetWork(%s): ok=%v err=%v", it.StreamID, ok, err)
+		}
+		if ws.Attempts != 0 || ws.InstanceID != uuid.Nil || !ws.LeaseExpiry.IsZero() || !ws.ScheduledFor.IsZero() || ws.LastError != "" {
+			t.Errorf("%s item %s: attempts %d owner %s lease %v scheduled %v error %q; want released (0, none, none, none, none)",
+				it.StreamID, it.Payload, ws.Attempts, ws.InstanceID, ws.LeaseExpiry, ws.ScheduledFor, ws.LastError)
+		}
+	}
+	insts, err := e.coord.ListInstances(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, is := range insts {
+		if is.ID == in.id {
+			t.Errorf("instance %s still registered after Stop", in.id)
+		}
+	}
+	st := in.pump.Stats()
+	if st.Abandoned != 1 || st.Failed != 0 || st.Released != 4 {
+		t.Errorf("Stats: abandoned %d failed %d released %d; want 1, 0, 4", st.Abandoned, st.Failed, st.Released)
+	}
+	logged := in.log.String()
+	if !strings.Contains(logged, "abandoning a handler") || !strings.Contains(logged, items[0].ID.String()) || !strings.Contains(logged, hungStream) {
+		t.Errorf("the abandoned handler (%s on %s) is not named in the log", items[0].ID, hungStream)
+	}
+	if strings.Contains(logged, "handler failed") {
+		t.Errorf("the handler cut off by Stop (%s) was recorded as a failure", cutStream)
+	}
+
+	unhang()
+	waitUntil(t, 10*time.Second, "the abandoned handler's return", func() bool {
+		return strings.Contains(in.log.String(), "abandoned handler returned")
+	})
+	ref := driver.Ref{Category: driver.Outbox, ID: items[0].ID, Attempts: 1}
+	res, err := e.coord.Complete(ctx, in.id, []driver.Ref{ref})
+	if err == nil && (res.Applied != 0 || len(res.Lost) != 1) || err != nil && !errors.Is(err, driver.ErrUnknownInstance) {
+		t.Errorf("late completion of the abandoned attempt: %+v %v, want refused", res, err)
+	}
+	if ws, ok, _ := e.coord.GetWork(ctx, driver.Outbox, items[0].ID); !ok || ws.Attempts != 0 || ws.InstanceID != uuid.Nil || !ws.ProcessedAt.IsZero() {
+		t.Errorf("abandoned item after its late completion: ok=%v %+v, want unchanged", ok, ws)
+	}
+	t.Logf("Stop with a hung handler took %v (deadline 2s); released %d rows", took, st.Released)
+}
