@@ -64,8 +64,8 @@ func (v Violation) String() string {
 	return b.String()
 }
 
-// Report renders at most limit violations (all when limit <= 0), with a
-// count per invariant first.
+// Report renders the violations, at most limit of each invariant (all when
+// limit <= 0), after a count per invariant.
 func Report(vs []Violation, limit int) string {
 	if len(vs) == 0 {
 		return "no violations"
@@ -74,20 +74,28 @@ func Report(vs []Violation, limit int) string {
 	for _, v := range vs {
 		per[v.Invariant]++
 	}
+	invs := []Invariant{Order, SingleOwner, OneRun, MaxAttempts}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d violations:", len(vs))
-	for _, inv := range []Invariant{Order, SingleOwner, OneRun, MaxAttempts} {
+	for _, inv := range invs {
 		if per[inv] > 0 {
 			fmt.Fprintf(&b, " %s=%d", inv, per[inv])
 		}
 	}
-	for i, v := range vs {
-		if limit > 0 && i == limit {
-			fmt.Fprintf(&b, "\n... %d more", len(vs)-limit)
-			break
+	for _, inv := range invs {
+		shown := 0
+		for _, v := range vs {
+			if v.Invariant != inv {
+				continue
+			}
+			if limit > 0 && shown == limit {
+				fmt.Fprintf(&b, "\n... %d more %s violations", per[inv]-limit, inv)
+				break
+			}
+			shown++
+			b.WriteString("\n")
+			b.WriteString(v.String())
 		}
-		b.WriteString("\n")
-		b.WriteString(v.String())
 	}
 	return b.String()
 }
@@ -593,18 +601,32 @@ func (c *checker) checkRuns() {
 		runs := byInst[inst]
 		lastItem := map[rowKey]*Event{}
 		lastScope := map[scopeKey]*Event{}
+		// One violation per run that others overlapped: a run that
+		// overruns holds up every later item of its scope.
+		type agg struct {
+			v     int // index in c.out
+			n     int
+			first *Event
+		}
+		aggs := map[*Event]*agg{}
 		for _, e := range runs {
 			w := e.Work[0]
 			k := rowKey{w.Category, w.ID}
 			if p := lastItem[k]; p != nil && p.end() > e.Start {
 				c.add(OneRun, fmt.Sprintf("on %s, %s ran as attempt %d from %s while its attempt %d, entered at %s, ran until %s",
 					short(inst), k, w.Attempts, off(e.Start), p.Work[0].Attempts, off(p.Start), endText(p)),
-					c.excerpt(nil, nil, []*Event{p, e}, nil))
+					c.excerpt(nil, nil, c.between(k, p, e), map[rowKey]bool{k: true}))
 			} else if s, scoped := scopeOf(w); scoped {
 				if p := lastScope[s]; p != nil && p.end() > e.Start && (rowKey{p.Work[0].Category, p.Work[0].ID}) != k {
-					c.add(OneRun, fmt.Sprintf("on %s, %s seq %d of scope %s ran from %s while %s seq %d of the same scope, entered at %s, ran until %s",
-						short(inst), k, w.Seq, s, off(e.Start), rowKey{p.Work[0].Category, p.Work[0].ID}, p.Work[0].Seq, off(p.Start), endText(p)),
-						c.excerpt(nil, nil, []*Event{p, e}, nil))
+					if a := aggs[p]; a != nil {
+						a.n++
+					} else {
+						pk := rowKey{p.Work[0].Category, p.Work[0].ID}
+						c.add(OneRun, fmt.Sprintf("on %s, %s seq %d of scope %s ran from %s while %s seq %d (attempt %d) of the same scope, entered at %s, ran until %s",
+							short(inst), k, w.Seq, s, off(e.Start), pk, p.Work[0].Seq, p.Work[0].Attempts, off(p.Start), endText(p)),
+							c.excerpt(nil, nil, append(c.between(pk, p, e), e), map[rowKey]bool{pk: true, k: true}))
+						aggs[p] = &agg{v: len(c.out) - 1, n: 1, first: e}
+					}
 				}
 			}
 			if p := lastItem[k]; p == nil || e.end() > p.end() {
@@ -616,7 +638,26 @@ func (c *checker) checkRuns() {
 				}
 			}
 		}
+		for _, a := range aggs {
+			if a.n > 1 {
+				c.out[a.v].Summary += fmt.Sprintf(" (and %d more runs of the scope started on %s while it ran)", a.n-1, short(inst))
+			}
+		}
 	}
+}
+
+// between returns run p, the row's claims and acks from p's start to e's
+// start, and e: how the row came back while p still ran.
+func (c *checker) between(k rowKey, p, e *Event) []*Event {
+	out := []*Event{p}
+	if r := c.rows[k]; r != nil {
+		for _, x := range r.events {
+			if x.Start > p.Start && x.Start < e.Start && x.Op != OpHandler {
+				out = append(out, x)
+			}
+		}
+	}
+	return append(out, e)
 }
 
 func endText(e *Event) string {

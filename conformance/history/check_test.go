@@ -296,6 +296,15 @@ func TestOneRun(t *testing.T) {
 		b.run(instA, 2, 4, rs[1], 1)
 		only(t, Check(b.history(), Options{}), OneRun, 1, "seq 2 of scope outbox/s")
 	})
+	t.Run("an overrun holds up its scope: one violation", func(t *testing.T) {
+		more := newRows(driver.Outbox, "s", 4)
+		var b builder
+		b.run(instA, 1, 30, more[0], 1)
+		b.run(instA, 2, 3, more[1], 1)
+		b.run(instA, 3, 4, more[2], 1)
+		b.run(instA, 4, 5, more[3], 1)
+		only(t, Check(b.history(), Options{}), OneRun, 1, "ran until +30.000000s (and 2 more runs of the scope started on 0000000a while it ran)")
+	})
 	t.Run("legal", func(t *testing.T) {
 		var b builder
 		b.run(instA, 1, 2, rs[0], 1)
