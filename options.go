@@ -59,6 +59,12 @@ type Options struct {
 	AckBatch  int
 	AckWindow time.Duration
 
+	// StopTimeout bounds Stop's wait for running handlers when Stop's
+	// context has no deadline (default 30 s), so that a shutdown calling
+	// Stop(context.Background()) cannot hang on a handler that ignores its
+	// context. A context with a deadline is used as given.
+	StopTimeout time.Duration
+
 	// Per-worker options; see package workers for each field.
 	//
 	// Failover: a peer that crashes is evicted, and its work re-claimed,
@@ -126,6 +132,7 @@ const (
 	DefaultRetryMax    = 300 * time.Second
 	DefaultAckBatch    = 1000
 	DefaultAckWindow   = 5 * time.Millisecond
+	DefaultStopTimeout = 30 * time.Second
 )
 
 // WithDefaults returns o with every zero field set to its default.
@@ -164,6 +171,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.AckWindow == 0 {
 		o.AckWindow = DefaultAckWindow
+	}
+	if o.StopTimeout == 0 {
+		o.StopTimeout = DefaultStopTimeout
 	}
 	// One liveness setting for both sweepers unless set apart. Setting
 	// Heartbeat.LockLostAfter to workers.NoLockLossEviction thus turns off
@@ -221,6 +231,9 @@ func (o Options) Validate() error {
 	}
 	if o.AckWindow <= 0 {
 		bad("AckWindow: %v, want > 0", o.AckWindow)
+	}
+	if o.StopTimeout <= 0 {
+		bad("StopTimeout: %v, want > 0", o.StopTimeout)
 	}
 	for _, sub := range []struct {
 		name string

@@ -39,6 +39,7 @@ func TestOptions_DefaultsAreTheSpecs(t *testing.T) {
 		{"Heartbeat.LockLostAfter", o.Heartbeat.LockLostAfter, 3 * time.Second},
 		{"Maintenance.LockLostAfter", o.Maintenance.LockLostAfter, 3 * time.Second},
 		{"Maintenance.LockProbeInterval", o.Maintenance.LockProbeInterval, time.Second},
+		{"StopTimeout", o.StopTimeout, 30 * time.Second},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -61,6 +62,7 @@ func TestOptions_InvalidNamed(t *testing.T) {
 		{"negative attempts", func(o *workpump.Options) { o.MaxAttempts = -2 }, "MaxAttempts: -2"},
 		{"retry max below base", func(o *workpump.Options) { o.RetryBase = time.Minute; o.RetryMax = time.Second }, "RetryMax: 1s is below RetryBase 1m0s"},
 		{"negative ack window", func(o *workpump.Options) { o.AckWindow = -time.Second }, "AckWindow: -1s"},
+		{"negative stop timeout", func(o *workpump.Options) { o.StopTimeout = -time.Second }, "StopTimeout: -1s, want > 0"},
 		{"metadata not an object", func(o *workpump.Options) { o.Metadata = json.RawMessage(`[1]`) }, "Instance.Metadata: must be a JSON object"},
 		{"unknown category", func(o *workpump.Options) { o.Categories = []driver.Category{"jobs"} }, `Categories[0]: workpump: unknown category: "jobs"`},
 		{"negative poll interval", func(o *workpump.Options) { o.Claim.PollInterval = -time.Second }, "Claim.PollInterval: -1s"},

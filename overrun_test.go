@@ -486,3 +486,39 @@ func TestPump_StopWithExpiredContextStillDeregisters(t *testing.T) {
 		}
 	})
 }
+
+// TestPump_StopWithoutDeadlineWaitsStopTimeout: Stop(context.Background())
+// with a handler that ignores its context waits Options.StopTimeout, then
+// 1 s after cancelling, abandons it and deregisters.
+func TestPump_StopWithoutDeadlineWaitsStopTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		opts := quietOptions()
+		opts.StopTimeout = 5 * time.Second
+		opts.Logger, _ = warnLogger()
+		id := enqueue(t, s, driver.NewWork{Category: driver.Outbox})[0]
+		p := newPump(t, s, opts)
+		started := make(chan struct{})
+		release := make(chan struct{})
+		p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+			close(started)
+			<-release
+			return nil
+		})
+		p.Start(t.Context())
+		<-started
+		begin := time.Now()
+		if err := p.Stop(context.Background()); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+		if took := time.Since(begin); took != 6*time.Second {
+			t.Errorf("Stop(Background) took %v, want exactly 6s (StopTimeout 5s + 1s)", took)
+		}
+		assertReleased(t, s, id, "abandoned handler")
+		if insts, _ := s.ListInstances(context.Background()); len(insts) != 0 {
+			t.Errorf("instances after Stop: %d, want 0", len(insts))
+		}
+		close(release)
+		synctest.Wait()
+	})
+}

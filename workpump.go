@@ -283,7 +283,8 @@ func (p *Pump) RequestImmediatePoll() { p.requestPoll() }
 // stops the workers. Stop thus returns by ctx's deadline plus about a
 // second, plus the store round trips of the final acks and the deregister
 // (bounded by 10 s together when the store is slow or unreachable); an
-// already expired ctx still deregisters. It is idempotent.
+// already expired ctx still deregisters. A ctx without a deadline waits for
+// handlers at most Options.StopTimeout. It is idempotent.
 func (p *Pump) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -312,7 +313,13 @@ func (p *Pump) teardown(ctx context.Context) error {
 	}
 	var giveBack []driver.Ref
 	if p.disp != nil {
-		giveBack = p.disp.shutdown(ctx)
+		wait := ctx
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			wait, cancel = context.WithTimeout(ctx, p.opts.StopTimeout)
+			defer cancel()
+		}
+		giveBack = p.disp.shutdown(wait)
 	}
 	// The final flushes, releases and the deregister get time of their
 	// own: they are what keeps the work done so far from being redone and
