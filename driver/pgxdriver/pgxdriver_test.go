@@ -545,9 +545,12 @@ func TestListenerReconnects(t *testing.T) {
 	waitSignal(t, sub, func(s driver.Signal) bool { return s.Kind == driver.SignalWork && s.Category == driver.Inbox }, "work after reconnect")
 }
 
-// TestListenerWaitsForHeldLock: a second session holds the alive-lock; the
-// listener connects without it, and takes it once the session lets go.
-func TestListenerWaitsForHeldLock(t *testing.T) {
+// TestListenerRefusesHeldLockThenWaitsAfterReconnect: while a second
+// session holds the alive-lock, Listen is refused (another process runs
+// under the id) and leaves no subscription behind. A listener that held the
+// lock first and finds it taken when it reconnects keeps connected without
+// it and takes it once the other session lets go.
+func TestListenerRefusesHeldLockThenWaitsAfterReconnect(t *testing.T) {
 	c := newTestCoordinator(t, false, nil, 0)
 	ctx := context.Background()
 	a := uuid.Must(uuid.NewV7())
@@ -556,15 +559,60 @@ func TestListenerWaitsForHeldLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	sub, err := c.Listen(ctx, a)
+	if !errors.Is(err, driver.ErrInstanceIDInUse) || !strings.Contains(err.Error(), a.String()) || sub != nil {
+		t.Fatalf("Listen while another session holds the lock: %v, %v; want ErrInstanceIDInUse naming %s and no subscription", sub, err, a)
+	}
+	if pids := c.listenerPIDs(a); len(pids) != 0 {
+		t.Fatalf("the refused Listen left listener connections %v", pids)
+	}
+	release()
+
+	sub, err = c.Listen(ctx, a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Close()
+	if !sub.Available() || !sub.AliveLockHeld() {
+		t.Fatalf("Listen with the lock free: available=%v lock=%v, want both", sub.Available(), sub.AliveLockHeld())
+	}
+	// Another session queues for the lock; when the listener's backend
+	// dies, Postgres grants the lock to the waiter at once, before the
+	// listener can reconnect.
+	release, err = holdAliveLock(t, c, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	key := `"` + c.opts.Schema + `".wp_alive_lock_key($1::uuid)`
+	waitingSQL := `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+		AND classid = ((` + key + ` >> 32) & 4294967295)::oid AND objid = (` + key + ` & 4294967295)::oid`
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := c.pool.QueryRow(ctx, waitingSQL, a).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second session never queued for the lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	pids := c.listenerPIDs(a)
+	if len(pids) != 1 {
+		t.Fatalf("listener pids %v", pids)
+	}
+	if err := terminateBackend(ctx, c.pool, pids[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, sub, func(s driver.Signal) bool { return s.Kind == driver.SignalGateAvailable }, "the reconnect")
 	if !sub.Available() || sub.AliveLockHeld() {
-		t.Fatalf("lock held elsewhere: available=%v lock=%v, want true/false", sub.Available(), sub.AliveLockHeld())
+		t.Fatalf("reconnected while another session holds the lock: available=%v lock=%v, want true/false", sub.Available(), sub.AliveLockHeld())
 	}
 	release()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for !sub.AliveLockHeld() {
 		if time.Now().After(deadline) {
 			t.Fatal("listener never took the released alive-lock")
