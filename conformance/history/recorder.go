@@ -190,6 +190,20 @@ func (r *Recorder) Len() int {
 	return len(r.events)
 }
 
+// Running returns how many recorded calls and handler runs have not
+// returned yet (e.g. handlers abandoned by Stop that still run).
+func (r *Recorder) Running() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if !e.Ended {
+			n++
+		}
+	}
+	return n
+}
+
 // Handler wraps a pump handler so that each run is recorded as an
 // OpHandler event from enter to exit, under the instance and attempt the
 // pump attached to its context (driver.DeliveryFrom). The result is

@@ -82,6 +82,9 @@ func TestRecorderUnderAPump(t *testing.T) {
 		if err := p.Stop(t.Context()); err != nil {
 			t.Fatal(err)
 		}
+		if n := rec.Running(); n != 0 {
+			t.Fatalf("%d recorded calls still running after Stop", n)
+		}
 		h := rec.History()
 		count := map[history.Op]int{}
 		done := map[[16]byte]bool{}
