@@ -47,7 +47,9 @@ func (c *Coordinator) ListenerMode() (ListenerMode, string) {
 // Listen starts instanceID's listener: a dedicated connection (never one
 // of bun's pooled connections) that holds the instance's alive-lock and
 // LISTENs on its channel. It runs pgxdriver's listener, so reconnects, gate
-// signals and the alive-lock behave exactly as on pgxdriver. See the
+// signals and the alive-lock behave exactly as on pgxdriver (Listen is
+// refused with driver.ErrInstanceIDInUse while another session holds the
+// id's alive-lock). See the
 // package doc for how the connection is found for each bun set-up; when
 // none can be found the subscription is poll-only (never available, no
 // alive-lock) and one warning says why.

@@ -624,9 +624,11 @@ func (c *Coordinator) Release(ctx context.Context, instanceID uuid.UUID, refs []
 // ---- instances ----
 
 // RecordHeartbeat upserts the instance row (with the reported alive-lock
-// state, clearing any lock-missing note) and, when another instance is
-// older than StaleAfter or (with LockLostAfter) lost the lock it reported,
-// runs the sweep; it returns the evicted ids.
+// state and the declared heartbeat interval, clearing any lock-missing
+// note) and, when another instance is older than StaleAfter or (with
+// LockLostAfter) lost the lock it reported, runs the sweep; it returns the
+// evicted ids, and Reregistered when the request said Registered but the
+// instance had no row (it was evicted).
 func (c *Coordinator) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
 	if err := ctx.Err(); err != nil {
 		return driver.HeartbeatResult{}, err
