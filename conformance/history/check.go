@@ -24,7 +24,7 @@ const (
 	// by the same claim.
 	Order Invariant = "order"
 	// SingleOwner: a stream (StreamID, across categories) is leased to at
-	// most one instance at any instant.
+	// most one instance at any instant, and so is a row without a stream.
 	SingleOwner Invariant = "single-owner"
 	// OneRun: on one instance an item never runs twice at once, nor two
 	// items of one order scope (the unit the pump runs in sequence).
@@ -463,9 +463,7 @@ func (c *checker) checkOwner() {
 		}
 		seen := map[string]bool{}
 		for _, w := range e.Work {
-			if w.StreamID == "" {
-				continue
-			}
+			sk := ownerKey(w)
 			h := &hold{inst: e.Instance, key: rowKey{w.Category, w.ID}, attempts: w.Attempts, claim: e, start: e.End, end: forever, expiry: w.LeaseExpiry}
 			for _, re := range c.rows[h.key].events {
 				if re.Instance != h.inst || re == e {
@@ -491,10 +489,10 @@ func (c *checker) checkOwner() {
 			for _, ev := range unknownSweeps {
 				endBy(h, ev)
 			}
-			streams[w.StreamID] = append(streams[w.StreamID], h)
-			if !seen[w.StreamID] {
-				seen[w.StreamID] = true
-				claims[w.StreamID] = append(claims[w.StreamID], e)
+			streams[sk] = append(streams[sk], h)
+			if !seen[sk] {
+				seen[sk] = true
+				claims[sk] = append(claims[sk], e)
 			}
 		}
 	}
@@ -518,10 +516,14 @@ func (c *checker) checkOwner() {
 				reported[h.inst] = true
 				var mine *driver.Work
 				for i := range ce.Work {
-					if ce.Work[i].StreamID == s {
+					if ownerKey(ce.Work[i]) == s {
 						mine = &ce.Work[i]
 						break
 					}
+				}
+				what := fmt.Sprintf("stream %q", s)
+				if mine.StreamID == "" {
+					what = "streamless row " + rowKey{mine.Category, mine.ID}.String()
 				}
 				why := "not acked, reported lost or evicted since"
 				if h.endReason != nil {
@@ -532,13 +534,22 @@ func (c *checker) checkOwner() {
 				if h.endReason != nil {
 					ex = append(ex, h.endReason)
 				}
-				c.add(SingleOwner, fmt.Sprintf("stream %q handed to %s by claim #%d (%s..%s, store time %s, %s#%d) while %s held %s#%d of it: claimed by #%d ending %s, lease until at least %s (store time); %s",
-					s, short(ce.Instance), ce.N, off(ce.Start), off(ce.End), clock(tC), rowKey{mine.Category, mine.ID}, mine.Attempts,
+				c.add(SingleOwner, fmt.Sprintf("%s handed to %s by claim #%d (%s..%s, store time %s, %s#%d) while %s held %s#%d of it: claimed by #%d ending %s, lease until at least %s (store time); %s",
+					what, short(ce.Instance), ce.N, off(ce.Start), off(ce.End), clock(tC), rowKey{mine.Category, mine.ID}, mine.Attempts,
 					short(h.inst), h.key, h.attempts, h.claim.N, off(h.start), clock(bound), why),
-					c.excerpt(ce, func(w driver.Work) bool { return w.StreamID == s }, ex, map[rowKey]bool{h.key: true}))
+					c.excerpt(ce, func(w driver.Work) bool { return ownerKey(w) == s }, ex, map[rowKey]bool{h.key: true}))
 			}
 		}
 	}
+}
+
+// ownerKey is what one instance at a time may hold: the stream, or for a
+// row without a stream the row itself.
+func ownerKey(w driver.Work) string {
+	if w.StreamID != "" {
+		return w.StreamID
+	}
+	return "\x00" + string(w.Category) + "/" + w.ID.String()
 }
 
 // leaseBound is a lower bound of h's lease expiry as a claim ce (which

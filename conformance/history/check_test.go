@@ -363,3 +363,19 @@ func TestReportCountsAndLimits(t *testing.T) {
 		t.Fatal("empty report")
 	}
 }
+
+// A row without a stream is held by one instance at a time too.
+func TestSingleOwner_StreamlessRow(t *testing.T) {
+	r := newRows(driver.Receptor, "", 1)[0]
+	var b builder
+	b.enqueue(0, 1, r)
+	b.claim(instA, 2, 3, 2, 1, r)
+	b.claim(instB, 4, 5, 4, 2, r)
+	only(t, Check(b.history(), Options{}), SingleOwner, 1, "streamless row receptor/", "while 0000000a held")
+	var legal builder
+	legal.enqueue(0, 1, r)
+	legal.claim(instA, 2, 3, 2, 1, r)
+	legal.ack(OpRelease, instA, 4.5, 4.6, []driver.Ref{ref(r, 1)}, nil, nil, nil) // inside B's claim window
+	legal.claim(instB, 4, 5, 4, 1, r)
+	none(t, Check(legal.history(), Options{}))
+}
