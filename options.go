@@ -71,7 +71,16 @@ type Options struct {
 	// about Heartbeat.LockLostAfter (3 s) + Maintenance.LockProbeInterval
 	// (1 s) after its alive-lock vanished, when the store has alive-locks
 	// (driver.Listener); otherwise, and for peers that do not report their
-	// lock, after the spec's StaleAfter (30 s) plus the time until a sweep.
+	// lock, once their heartbeat is older than both the spec's StaleAfter
+	// (30 s) and one and a half of the interval it declared (45 s at the
+	// default 30 s cadence), plus the time until a sweep. The declared
+	// interval keeps a peer whose held lock allows a slow cadence (60 s)
+	// from being evicted by a sweep that lands while its listener
+	// reconnects; a peer whose listener breaks says so in a heartbeat
+	// within about a second, or re-takes its lock, so the lock-loss rule
+	// never evicts it either. An instance that was evicted all the same
+	// (e.g. cut off from the store) learns it at its next heartbeat, claim
+	// or renewal: see Hooks.Evicted.
 	Claim       workers.ClaimOptions
 	Heartbeat   workers.HeartbeatOptions
 	Renewal     workers.RenewalOptions
