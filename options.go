@@ -110,6 +110,11 @@ type Hooks struct {
 	LeaseLost func(ref driver.Ref)
 	// GateChanged: the signal listener went up or down.
 	GateChanged func(available bool)
+	// Evicted: a heartbeat found this instance evicted by its peers (they
+	// took it for dead, e.g. while it could not reach the store) and
+	// registered it anew; cancelled counts the handlers whose contexts were
+	// cancelled because their rows were released to the peers.
+	Evicted func(cancelled int)
 	// Overrun: a handler was still running LeaseGrace after its context
 	// ended for its lease (deadline or lease lost), so the store may hand
 	// its row to another attempt while it runs. Called once per attempt,

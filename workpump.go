@@ -62,6 +62,9 @@ type Pump struct {
 }
 
 type pumpCounters struct {
+	// evictions: beats that found this instance evicted (Stats.Evictions).
+	evictions atomic.Uint64
+
 	completed, completedInTx, failed, deadLettered, leaseLost, released, ackErrors atomic.Uint64
 	overruns, abandoned                                                            atomic.Uint64
 }
@@ -76,6 +79,7 @@ type Stats struct {
 	LeaseLost     uint64 // acks or renewals refused: a peer holds the item now
 	Released      uint64 // unstarted items given back
 	AckErrors     uint64 // ack round trips that failed (the items are redelivered later)
+	Evictions     uint64 // times this instance found itself evicted by its peers and registered anew (Hooks.Evicted)
 	Overruns      uint64 // handlers still running LeaseGrace after their lease context ended (Hooks.Overrun)
 	Abandoned     uint64 // handlers Stop gave up waiting for (their rows were released)
 	Claim         workers.ClaimStats
@@ -173,6 +177,11 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 		// The listener lives as long as the pump, not as long as Start's
 		// context: ending it would drop the alive-lock under a live pump.
 		sub, err := l.Listen(context.WithoutCancel(ctx), o.ID)
+		if errors.Is(err, driver.ErrInstanceIDInUse) {
+			// Another live process runs under this id: two processes
+			// would claim as one instance, so this one does not start.
+			return fmt.Errorf("workpump: Start: %w", err)
+		}
 		if err != nil {
 			// Polling covers for a missing listener; the pump still runs.
 			p.log.Warn("signal listener unavailable; polling only", "error", err)
@@ -190,14 +199,20 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 			if e.Err == nil && o.Hooks.HeartbeatRecorded != nil {
 				o.Hooks.HeartbeatRecorded(e.Evicted)
 			}
-		}},
+		}, OnReregistered: p.evicted},
 	})
 	if err != nil {
 		return err
 	}
 	p.renew, err = workers.NewLeaseRenewalWorker(workers.RenewalConfig{
 		Coordinator: p.coord, InstanceID: o.ID, Lease: o.Claim.Lease, Options: o.Renewal, Logger: p.log,
-		Hooks: workers.RenewalHooks{OnLeaseLost: func(k workers.LeaseKey) {
+		Hooks: workers.RenewalHooks{OnRenew: func(c workers.RenewalCall) {
+			if errors.Is(c.Err, driver.ErrUnknownInstance) {
+				// Evicted: the beat registers the instance anew and
+				// reports it (p.evicted).
+				p.hb.RequestBeat()
+			}
+		}, OnLeaseLost: func(k workers.LeaseKey) {
 			p.stats.leaseLost.Add(1)
 			if o.Hooks.LeaseLost != nil {
 				o.Hooks.LeaseLost(driver.Ref{Category: k.Category, ID: k.ID})
@@ -260,6 +275,21 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	}
 	p.disp.start()
 	return p.claim.Start(ctx)
+}
+
+// evicted runs when a heartbeat found this instance evicted by its peers
+// (they thought it dead) and registered it anew. The store released every
+// lease it held, so peers may be running its rows already: its handlers'
+// contexts are cancelled (their acks would be refused anyway), and the
+// claim loop goes on as a fresh registration.
+func (p *Pump) evicted() {
+	p.stats.evictions.Add(1)
+	lost := p.renew.LoseAll()
+	p.log.Warn("this instance was evicted by its peers and registered anew; handlers of the rows it held are cancelled",
+		"instance", p.opts.ID, "cancelled", lost)
+	if p.opts.Hooks.Evicted != nil {
+		p.opts.Hooks.Evicted(lost)
+	}
 }
 
 func (p *Pump) requestPoll() {
@@ -383,6 +413,7 @@ func (p *Pump) Stats() Stats {
 		LeaseLost:     p.stats.leaseLost.Load(),
 		Released:      p.stats.released.Load(),
 		AckErrors:     p.stats.ackErrors.Load(),
+		Evictions:     p.stats.evictions.Load(),
 		Overruns:      p.stats.overruns.Load(),
 		Abandoned:     p.stats.abandoned.Load(),
 	}

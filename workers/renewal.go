@@ -252,6 +252,24 @@ func (w *LeaseRenewalWorker) overrun(o Overrun) {
 	}
 }
 
+// LoseAll ends every registered handle with cause driver.ErrLeaseLost and
+// returns how many it ended. Call it when the instance was evicted: the
+// store released all its leases at once, so no running or queued dispatch
+// holds its row any more.
+func (w *LeaseRenewalWorker) LoseAll() int {
+	w.mu.Lock()
+	hs := make([]*LeaseHandle, 0, len(w.handles))
+	for _, h := range w.handles {
+		hs = append(hs, h)
+	}
+	w.mu.Unlock()
+	for _, h := range hs {
+		h.lose()
+	}
+	w.lost.Add(uint64(len(hs)))
+	return len(hs)
+}
+
 func (w *LeaseRenewalWorker) forget(h *LeaseHandle) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
