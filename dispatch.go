@@ -27,7 +27,6 @@ type run struct {
 	// handle that has already run out.
 	handles []*workers.LeaseHandle
 	claim   uint64 // the claim that leased them (workers.ClaimNumber)
-	scope   scopeKey
 }
 
 // scopeKey names an order scope on this instance: a stream (and name, for
@@ -54,8 +53,8 @@ func scopeOf(w driver.Work) scopeKey {
 // give back the handlers it abandons.
 type slot struct {
 	mu        sync.Mutex
-	r         *run // nil when idle
-	at        int  // index of the running item in r.items
+	items     []driver.Work // the run's items; nil when idle
+	at        int           // index of the running item
 	started   time.Time
 	abandoned bool // Stop gave this run's rows back while its handler ran
 }
@@ -203,25 +202,22 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	d.inflight.Add(int64(len(batch)))
 	runOf := make([]int32, len(batch))
 	var next []int32 // per run: its size, then its next free slot
-	var scopes []scopeKey
 	var index map[scopeKey]int32
 	for i, w := range batch {
-		k := scopeOf(w)
 		if w.StreamID == "" {
 			runOf[i] = int32(len(next))
 			next = append(next, 1)
-			scopes = append(scopes, k)
 			continue
 		}
 		if index == nil {
 			index = make(map[scopeKey]int32)
 		}
+		k := scopeOf(w)
 		r, ok := index[k]
 		if !ok {
 			r = int32(len(next))
 			index[k] = r
 			next = append(next, 0)
-			scopes = append(scopes, k)
 		}
 		next[r]++
 		runOf[i] = r
@@ -231,7 +227,7 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	handles := make([]*workers.LeaseHandle, len(batch))
 	at := int32(0)
 	for r, n := range next {
-		runs[r] = run{items: items[at : at+n : at+n], handles: handles[at : at+n : at+n], claim: claim, scope: scopes[r]}
+		runs[r] = run{items: items[at : at+n : at+n], handles: handles[at : at+n : at+n], claim: claim}
 		next[r] = at
 		at += n
 	}
@@ -291,29 +287,30 @@ func (d *dispatcher) done(n int) {
 // queues behind it and this goroutine is free for other work. The goroutine
 // that finishes a scope's run executes the runs queued behind it.
 func (d *dispatcher) runScope(s *slot, r run) {
+	k := scopeOf(r.items[0])
 	d.mu.Lock()
-	if l, busy := d.scopes[r.scope]; busy {
+	if l, busy := d.scopes[k]; busy {
 		l.waiting = append(l.waiting, r)
-		d.scopes[r.scope] = l
+		d.scopes[k] = l
 		d.mu.Unlock()
-		d.watchWaiting(r)
+		d.watchWaiting(k, r)
 		return
 	}
-	d.scopes[r.scope] = lane{s: s}
+	d.scopes[k] = lane{s: s}
 	d.mu.Unlock()
 	for {
 		d.execute(s, r)
 		d.mu.Lock()
-		l := d.scopes[r.scope]
+		l := d.scopes[k]
 		if len(l.waiting) == 0 {
-			delete(d.scopes, r.scope)
+			delete(d.scopes, k)
 			d.mu.Unlock()
 			return
 		}
 		next := l.waiting[0]
 		l.waiting[0] = run{}
 		l.waiting = l.waiting[1:]
-		d.scopes[r.scope] = l
+		d.scopes[k] = l
 		d.mu.Unlock()
 		r = next
 	}
@@ -329,10 +326,10 @@ type lane struct {
 // watchWaiting has each item of a waiting run given back when its lease
 // handle ends for the lease while it still waits (see waitExpired). Only
 // runs queued behind a busy scope pay for this.
-func (d *dispatcher) watchWaiting(r run) {
+func (d *dispatcher) watchWaiting(k scopeKey, r run) {
 	for j, h := range r.handles {
 		id, attempt := r.items[j].ID, r.items[j].Attempts
-		context.AfterFunc(h.Context(), func() { d.waitExpired(r.scope, id, attempt) })
+		context.AfterFunc(h.Context(), func() { d.waitExpired(k, id, attempt) })
 	}
 }
 
@@ -348,7 +345,7 @@ func (d *dispatcher) waitExpired(k scopeKey, id uuid.UUID, attempt int) {
 	}
 	if s := l.s; s != nil {
 		s.mu.Lock()
-		running := s.r != nil && s.r.items[s.at].ID == id
+		running := s.items != nil && s.items[s.at].ID == id
 		s.mu.Unlock()
 		if running {
 			d.mu.Unlock()
@@ -400,12 +397,12 @@ func (d *dispatcher) execute(s *slot, r run) {
 			return
 		}
 		s.mu.Lock()
-		s.r, s.at, s.started = &r, i, time.Now()
+		s.items, s.at, s.started = r.items, i, time.Now()
 		s.mu.Unlock()
 		err := d.runOne(w, r.handles[i], r.claim)
 		s.mu.Lock()
 		abandoned := s.abandoned
-		s.r, s.abandoned = nil, false
+		s.items, s.abandoned = nil, false
 		s.mu.Unlock()
 		if abandoned {
 			// Stop gave this run's rows back while the handler ran; its
@@ -550,14 +547,14 @@ func (d *dispatcher) abandon() {
 	for i := range d.slots {
 		s := &d.slots[i]
 		s.mu.Lock()
-		if s.r != nil && !s.abandoned {
+		if s.items != nil && !s.abandoned {
 			s.abandoned = true
-			w := s.r.items[s.at]
+			w := s.items[s.at]
 			d.p.stats.abandoned.Add(1)
 			d.p.log.Warn("abandoning a handler that ignored Stop's cancellation; its row is released",
 				"category", w.Category, "id", w.ID, "name", w.Name, "stream", w.StreamID,
 				"attempt", w.Attempts, "running_for", time.Since(s.started).String())
-			for _, w := range s.r.items[s.at:] {
+			for _, w := range s.items[s.at:] {
 				d.giveBack = append(d.giveBack, w.Ref())
 			}
 		}
