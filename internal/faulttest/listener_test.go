@@ -2,6 +2,7 @@ package faulttest_test
 
 import (
 	"context"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,8 @@ import (
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/memdriver"
 	"github.com/workpump/workpump/driver/pgxdriver"
+	"github.com/workpump/workpump/internal/faults"
+	"github.com/workpump/workpump/internal/pgtest"
 )
 
 // gateEvent is one Hooks.GateChanged call.
@@ -256,6 +259,40 @@ func TestListenerLoss_StartContextEndsListener(t *testing.T) {
 // listener reconnects, the alive-lock is held again.
 func TestListenerCut_BusyInstanceNotEvicted_Postgres(t *testing.T) {
 	e := newPGEnv(t)
+	listenerCutWhileBusy(t, e, pgxdriver.Options{ListenerReconnectMin: 8 * time.Second, ListenerReconnectMax: 8 * time.Second},
+		func(a *pgInstance) {
+			if pid, err := e.terminateAliveLockHolder(t.Context(), a.id); err != nil || pid == 0 {
+				t.Fatalf("terminating A's listener: pid %d, %v", pid, err)
+			}
+		})
+}
+
+// TestListenerCut_ProxyCutWhileBusy_Postgres: the same with the network
+// cut the way a proxy or a flaky link cuts it: A's listener connection
+// runs through a TCP proxy that drops it (both sides) and refuses new
+// connections for 8 s, while A's pool reaches the database directly.
+func TestListenerCut_ProxyCutWhileBusy_Postgres(t *testing.T) {
+	e := newPGEnv(t)
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faults.NewProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	u.Host = proxy.Addr()
+	listenerCutWhileBusy(t, e, pgxdriver.Options{ListenerConnString: u.String()}, func(*pgInstance) {
+		if n := proxy.CutFor(8 * time.Second); n != 1 {
+			t.Fatalf("the proxy cut %d connections, want A's listener", n)
+		}
+	})
+}
+
+// listenerCutWhileBusy runs the scenario of the two tests above: cut breaks
+// A's listener so that it cannot reconnect for 8 s.
+func listenerCutWhileBusy(t *testing.T, e *pgEnv, pg pgxdriver.Options, cut func(a *pgInstance)) {
 	ctx := t.Context()
 	release := make(chan struct{})
 	var mu sync.Mutex
@@ -276,8 +313,7 @@ func TestListenerCut_BusyInstanceNotEvicted_Postgres(t *testing.T) {
 	defer close(release)
 	optsA := workpump.Options{ServiceName: "faulttest", Concurrency: 2, MaxInFlight: 2}
 	optsA.Claim.PollInterval = 100 * time.Millisecond
-	a := e.startInstance(instanceConfig{opts: optsA, maxConns: 4, register: busy,
-		pg: pgxdriver.Options{ListenerReconnectMin: 8 * time.Second, ListenerReconnectMax: 8 * time.Second}})
+	a := e.startInstance(instanceConfig{opts: optsA, maxConns: 4, register: busy, pg: pg})
 	if err := e.enqueue(ctx, makeItems("cut", []driver.Category{driver.Outbox}, 2, 1)); err != nil {
 		t.Fatal(err)
 	}
@@ -305,9 +341,7 @@ func TestListenerCut_BusyInstanceNotEvicted_Postgres(t *testing.T) {
 	}
 
 	cutAt := time.Now()
-	if pid, err := e.terminateAliveLockHolder(ctx, a.id); err != nil || pid == 0 {
-		t.Fatalf("terminating A's listener: pid %d, %v", pid, err)
-	}
+	cut(a)
 	// A liveness bound, not a timing measurement: the withdrawal is due
 	// within 250 ms of the listener noticing, plus one round trip.
 	waitUntil(t, 1500*time.Millisecond, "A's heartbeat reporting its alive-lock gone", func() bool {
@@ -317,7 +351,7 @@ func TestListenerCut_BusyInstanceNotEvicted_Postgres(t *testing.T) {
 	reportedAfter := time.Since(cutAt)
 
 	// LockLostAfter (3 s) plus two probe intervals and a margin, all before
-	// the listener reconnects at 8 s: A must stay.
+	// the listener can reconnect at 8 s: A must stay.
 	time.Sleep(6 * time.Second)
 	if n := e.count(`SELECT count(*) FROM `+e.q("wp_service_instances")+` WHERE instance_id = $1`, a.id); n != 1 {
 		t.Fatalf("A was evicted although only its listener broke")
