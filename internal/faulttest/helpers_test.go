@@ -329,6 +329,9 @@ type instanceConfig struct {
 	pg pgxdriver.Options
 	// register installs the handlers.
 	register func(in *pgInstance) error
+	// wrap, when set, wraps the instance's (severable) coordinator before
+	// the pump gets it, e.g. in a history.Recorder.
+	wrap func(driver.Coordinator) driver.Coordinator
 }
 
 // startInstance builds and starts a pump instance. It is stopped (or, if
@@ -378,7 +381,11 @@ func (e *pgEnv) startInstance(cfg instanceConfig) *pgInstance {
 		t.Fatal(err)
 	}
 	in.view = faults.NewSeverable(in.coord)
-	if in.pump, err = workpump.New(in.view, cfg.opts); err != nil {
+	var pumpCoord driver.Coordinator = in.view
+	if cfg.wrap != nil {
+		pumpCoord = cfg.wrap(in.view)
+	}
+	if in.pump, err = workpump.New(pumpCoord, cfg.opts); err != nil {
 		pool.Close()
 		t.Fatal(err)
 	}
