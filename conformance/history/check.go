@@ -129,6 +129,10 @@ func Report(vs []Violation, limit int) string {
 //   - Handler runs are compared on their enter and exit; a run that has
 //     not exited runs until the end of time.
 //
+// Rows are ordered within their scope by Seq once a claim revealed it, and
+// otherwise by their Enqueue calls (one call's rows in the order given;
+// calls whose windows overlap are not ordered).
+//
 // Check assumes that every call to the store went through the recorder
 // (wrap every instance's coordinator; a completion inside a handler's own
 // transaction, such as pgxdriver.CompleteTx, is invisible to it) and that
