@@ -31,7 +31,8 @@ DECLARE
     o record;
 BEGIN
     -- Tables: full DML on the work, instance, stream and dead-letter
-    -- tables; read-only on the version table.
+    -- tables; read-only on the version table; read and record-once on the
+    -- settings table.
     FOR o IN
         SELECT c.oid::regclass AS rel, c.relname
           FROM pg_catalog.pg_class c
@@ -42,6 +43,8 @@ BEGIN
     LOOP
         IF o.relname = 'wp_schema_migrations' THEN
             EXECUTE format('GRANT SELECT ON TABLE %s TO %I', o.rel, 'workpump_app');
+        ELSIF o.relname = 'wp_settings' THEN
+            EXECUTE format('GRANT SELECT, INSERT ON TABLE %s TO %I', o.rel, 'workpump_app');
         ELSE
             EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %s TO %I', o.rel, 'workpump_app');
         END IF;

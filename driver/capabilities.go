@@ -116,7 +116,10 @@ type SelfPoll interface {
 
 // SchemaChecker is the optional capability of stores with a schema to
 // install. CheckSchema returns an error wrapping ErrSchemaNotReady, whose
-// message says how to migrate, when the schema is missing or too old.
+// message says how to migrate, when the schema is missing or too old, and
+// one wrapping ErrSchemaMismatch when the schema records a partition count
+// other than the driver's (a schema that records none records the
+// driver's). The pump calls it at Start and refuses to start on an error.
 type SchemaChecker interface {
 	CheckSchema(ctx context.Context) error
 }

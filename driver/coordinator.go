@@ -60,7 +60,7 @@ type ClaimRequest struct {
 	// Lease is the lease length applied to claimed rows (spec default 300 s).
 	Lease time.Duration
 	// MaxPerCategory caps the rows returned per category (spec:
-	// MaxStreamsPerBatch, default 1000).
+	// MaxStreamsPerBatch, default 1000); at most MaxCount.
 	MaxPerCategory int
 }
 
@@ -79,6 +79,9 @@ func (r ClaimRequest) Validate() error {
 	}
 	if r.MaxPerCategory <= 0 {
 		return fmt.Errorf("%w: MaxPerCategory: %d, want > 0", ErrInvalidArgument, r.MaxPerCategory)
+	}
+	if r.MaxPerCategory > MaxCount {
+		return fmt.Errorf("%w: MaxPerCategory: %d is above MaxCount %d", ErrInvalidArgument, r.MaxPerCategory, MaxCount)
 	}
 	return nil
 }
@@ -149,7 +152,8 @@ type RenewResult struct {
 type FailRequest struct {
 	InstanceID uuid.UUID
 	Failures   []Failure
-	// MaxAttempts: a failure whose Attempts >= MaxAttempts dead-letters the row.
+	// MaxAttempts: a failure whose Attempts >= MaxAttempts dead-letters the
+	// row. At most MaxCount.
 	MaxAttempts int
 	// RetryBase and RetryMax shape the backoff: RetryDelay(attempts, base, max).
 	RetryBase time.Duration
@@ -176,6 +180,9 @@ func (r FailRequest) Validate() error {
 	}
 	if r.MaxAttempts <= 0 {
 		return fmt.Errorf("%w: MaxAttempts: %d, want > 0", ErrInvalidArgument, r.MaxAttempts)
+	}
+	if r.MaxAttempts > MaxCount {
+		return fmt.Errorf("%w: MaxAttempts: %d is above MaxCount %d", ErrInvalidArgument, r.MaxAttempts, MaxCount)
 	}
 	if r.RetryBase <= 0 {
 		return fmt.Errorf("%w: RetryBase: %v, want > 0", ErrInvalidArgument, r.RetryBase)

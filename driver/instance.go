@@ -31,6 +31,9 @@ func (in Instance) Validate() error {
 	if in.PID < 0 {
 		return fmt.Errorf("%w: Instance.PID: %d is negative", ErrInvalidArgument, in.PID)
 	}
+	if in.PID > MaxCount {
+		return fmt.Errorf("%w: Instance.PID: %d is above MaxCount %d", ErrInvalidArgument, in.PID, MaxCount)
+	}
 	if err := ValidateMetadata(in.Metadata); err != nil {
 		return fmt.Errorf("%w: Instance.Metadata: %v", ErrInvalidArgument, err)
 	}

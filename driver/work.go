@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -23,7 +24,37 @@ const (
 	MaxStreamIDBytes = 255
 	// MaxNameBytes is the longest Name or MessageType accepted by Enqueue.
 	MaxNameBytes = 255
+	// MaxCount is the largest count the contract accepts where a caller
+	// passes one (ClaimRequest.MaxPerCategory, FailRequest.MaxAttempts,
+	// Ref.Attempts, Instance.PID, a driver's PartitionCount): stores keep
+	// them as 32-bit integers, and a larger value is refused rather than
+	// truncated (2^32+5 would become 5) or clamped by one driver and not
+	// another.
+	MaxCount = math.MaxInt32
+	// MinYear and MaxYear bound the times the contract accepts from a
+	// caller (NewWork.ScheduledFor), in UTC: years 1 to 9999. Postgres
+	// keeps a wider range, but not every way of sending a time there does:
+	// binary encoders count microseconds from 1970 in an int64, which
+	// overflows in the last 30 years of Postgres' range (a far-future
+	// schedule became due at once), text encoders and RFC 3339 write four
+	// year digits. Inside these years every driver and encoding agrees, so
+	// a time outside them is refused the same way everywhere. Durations
+	// (leases, retry delays, purge ages) are at most 292 years, so a time
+	// computed from the store's clock stays inside too.
+	MinYear = 1
+	MaxYear = 9999
 )
+
+// ValidateTime returns an error wrapping ErrInvalidArgument that names
+// field when t is outside years MinYear to MaxYear (UTC). The zero time is
+// inside: it means "not set" where the contract allows that.
+func ValidateTime(field string, t time.Time) error {
+	if y := t.UTC().Year(); y < MinYear || y > MaxYear {
+		return fmt.Errorf("%w: %s: %s is outside the supported range (years %d to %d UTC)",
+			ErrInvalidArgument, field, t.UTC().Format("2006-01-02T15:04:05.999999999Z07:00"), MinYear, MaxYear)
+	}
+	return nil
+}
 
 // NewWork is one item to enqueue.
 type NewWork struct {
@@ -45,7 +76,9 @@ type NewWork struct {
 	// Metadata is a JSON object (or empty, meaning {}), at most MaxMetadataBytes.
 	Metadata json.RawMessage
 	// ScheduledFor delays the item until that time; zero means due now. It is
-	// compared with the store's clock.
+	// compared with the store's clock. It must lie in years MinYear to
+	// MaxYear (UTC): a far-future "never" such as time.Unix(1<<62, 0) is
+	// refused, not stored as something else.
 	ScheduledFor time.Time
 }
 
@@ -128,6 +161,9 @@ func ValidateNewWork(items []NewWork) error {
 		if err := ValidateMetadata(it.Metadata); err != nil {
 			return fmt.Errorf("%w: items[%d].Metadata: %v", ErrInvalidArgument, i, err)
 		}
+		if err := ValidateTime(fmt.Sprintf("items[%d].ScheduledFor", i), it.ScheduledFor); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -188,7 +224,7 @@ func putSeen(m map[refKey]int) {
 }
 
 // ValidateRefs checks a Complete/Release argument: non-empty, known
-// categories, non-nil ids, positive attempts, no repeats.
+// categories, non-nil ids, attempts in [1, MaxCount], no repeats.
 func ValidateRefs(refs []Ref) error {
 	if len(refs) == 0 {
 		return fmt.Errorf("%w: refs: empty", ErrInvalidArgument)
@@ -204,6 +240,9 @@ func ValidateRefs(refs []Ref) error {
 		}
 		if r.Attempts < 1 {
 			return fmt.Errorf("%w: refs[%d].Attempts: %d, want >= 1 (the attempt the claim handed out)", ErrInvalidArgument, i, r.Attempts)
+		}
+		if r.Attempts > MaxCount {
+			return fmt.Errorf("%w: refs[%d].Attempts: %d is above MaxCount %d", ErrInvalidArgument, i, r.Attempts, MaxCount)
 		}
 		k := refKey{id: r.ID, c: r.Category.index()}
 		if j, dup := seen[k]; dup {

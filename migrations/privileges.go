@@ -11,6 +11,11 @@ var ErrInvalidRole = errors.New("workpump migrations: invalid role name")
 
 var roleRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
+// SettingsTable is the name of the one-row table (inside the schema) that
+// records what every process sharing the schema must agree on: its
+// partition count (version 5).
+const SettingsTable = "wp_settings"
+
 // PrivilegesSQL renders the statements that give role what a pump needs on
 // schema, and nothing more, for a deployment where the migrations run as an
 // owner role and the application connects as a separate, unprivileged one.
@@ -21,7 +26,9 @@ var roleRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // The pump's role gets USAGE on the schema; SELECT, INSERT, UPDATE and
 // DELETE on the wp_ tables (the wp_ functions run with the caller's rights
 // and write every table); SELECT only on the version table (CheckSchema
-// reads it); USAGE on the work sequence (enqueue draws Work.Seq from it);
+// reads it); SELECT and INSERT only on the settings table (the first pump
+// to start records its partition count there when migrate did not, and no
+// pump may change a recorded count); USAGE on the work sequence (enqueue draws Work.Seq from it);
 // and EXECUTE on the wp_ functions, so the script still works where
 // EXECUTE has been revoked from PUBLIC. Nothing else is needed: the
 // alive-lock is a session advisory lock, LISTEN/NOTIFY and pg_locks need no
@@ -52,7 +59,8 @@ DECLARE
     o record;
 BEGIN
     -- Tables: full DML on the work, instance, stream and dead-letter
-    -- tables; read-only on the version table.
+    -- tables; read-only on the version table; read and record-once on the
+    -- settings table.
     FOR o IN
         SELECT c.oid::regclass AS rel, c.relname
           FROM pg_catalog.pg_class c
@@ -63,6 +71,8 @@ BEGIN
     LOOP
         IF o.relname = %[4]s THEN
             EXECUTE format('GRANT SELECT ON TABLE %%s TO %%I', o.rel, %[5]s);
+        ELSIF o.relname = %[6]s THEN
+            EXECUTE format('GRANT SELECT, INSERT ON TABLE %%s TO %%I', o.rel, %[5]s);
         ELSE
             EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %%s TO %%I', o.rel, %[5]s);
         END IF;
@@ -94,5 +104,5 @@ BEGIN
     END LOOP;
 END
 $grant$;
-`, q, r, lit, "'"+VersionTable+"'", "'"+role+"'"), nil
+`, q, r, lit, "'"+VersionTable+"'", "'"+role+"'", "'"+SettingsTable+"'"), nil
 }

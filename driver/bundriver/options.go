@@ -17,8 +17,12 @@ type Options struct {
 	// must match ^[a-z_][a-z0-9_]{0,62}$.
 	Schema string
 	// PartitionCount is the partition count rows are enqueued with; 0 means
-	// driver.DefaultPartitionCount. Every process sharing a schema must use
-	// the same value, whichever driver it runs.
+	// driver.DefaultPartitionCount; at most driver.MaxCount. The schema
+	// records the count (migrate's --partition-count, or else the first
+	// driver whose CheckSchema finds none recorded), and CheckSchema fails
+	// with driver.ErrSchemaMismatch, naming both counts, when this one
+	// differs, so a pump configured otherwise refuses to start: every
+	// process sharing a schema must use the same value, whichever driver it runs.
 	PartitionCount int
 	// Now replaces the database clock. Tests only; nil means now() on the
 	// server.
@@ -114,6 +118,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.PartitionCount == 0 {
 		o.PartitionCount = driver.DefaultPartitionCount
+	}
+	if _, err := pgcall.PartitionCountArg(o.PartitionCount); err != nil {
+		return o, err
 	}
 	for _, d := range []struct {
 		name string

@@ -14,11 +14,14 @@ import (
 )
 
 // CheckSchema returns nil when the schema is migrated to the version this
-// build needs, and an error wrapping driver.ErrSchemaNotReady that says how
-// to migrate when it is missing or older. A database newer than the build is
-// accepted with a warning (rolling upgrade). Schemas installed through
-// RegisterMigrations record their version in the same table as the
-// built-in migrator, so both are checked alike.
+// build needs and records this driver's partition count. It returns an
+// error wrapping driver.ErrSchemaNotReady that says how to migrate when the
+// schema is missing or older, and one wrapping driver.ErrSchemaMismatch
+// that names both counts when the schema records another partition count
+// (a schema that records none yet records this driver's). A database newer
+// than the build is accepted with a warning (rolling upgrade). Schemas
+// installed through RegisterMigrations record their version in the same
+// table as the built-in migrator, so both are checked alike.
 func (c *Coordinator) CheckSchema(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -32,11 +35,20 @@ func (c *Coordinator) CheckSchema(ctx context.Context) error {
 		return fmt.Errorf("bundriver: CheckSchema: %w", err)
 	}
 	ahead, err := pgcall.SchemaVersionError(c.opts.Schema, int(have.Int64))
+	if err != nil {
+		return err
+	}
 	if ahead {
 		c.log.Warn("database schema is newer than this build; continuing (rolling upgrade?)",
 			"schema", c.opts.Schema, "database_version", have.Int64, "build_version", migrations.Latest())
 	}
-	return err
+	// PartitionCountArg cannot fail here: withDefaults checked the option.
+	count, _ := pgcall.PartitionCountArg(c.opts.PartitionCount)
+	var recorded int64
+	if err := c.db.QueryRowContext(ctx, pgcall.PartitionCount.SQL(c.opts.Schema, pgcall.Question), count, c.nowArg()).Scan(&recorded); err != nil {
+		return c.sqlErr("CheckSchema", err)
+	}
+	return pgcall.CheckPartitionCount(c.opts.Schema, c.opts.PartitionCount, int(recorded))
 }
 
 // Migrate applies the pending migrations to schema with the built-in

@@ -62,9 +62,9 @@ func NewCopyStatements(schema string) CopyStatements {
 // extension of the binary COPY format.
 var copyHeader = []byte("PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00")
 
-// pgEpochMicros is 2000-01-01 00:00:00 UTC in microseconds since the Unix
+// pgEpochSeconds is 2000-01-01 00:00:00 UTC in seconds since the Unix
 // epoch: Postgres counts timestamps from there.
-const pgEpochMicros = 946_684_800_000_000
+const pgEpochSeconds = 946_684_800
 
 // CopyGroup is the part of a batch that belongs to one category: the
 // positions (into the batch's ids and EnqueueArgs) of its items.
@@ -132,8 +132,12 @@ func EncodeCopy(ids []uuid.UUID, a EnqueueArgs, createdAt time.Time, group CopyG
 
 // micros is t in Postgres' timestamp representation, truncated to the
 // microsecond as pgx's binary encoding of wp_enqueue's arrays truncates it.
+// The epoch is moved before scaling: microseconds since 1970 overflow an
+// int64 in years Postgres still accepts, and an overflowed schedule would be
+// stored in the past (due at once). Callers pass times that
+// driver.ValidateTime accepted, for which neither form overflows.
 func micros(t time.Time) int64 {
-	return t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - pgEpochMicros
+	return (t.Unix()-pgEpochSeconds)*1_000_000 + int64(t.Nanosecond())/1000
 }
 
 func appendField(b, v []byte) []byte {

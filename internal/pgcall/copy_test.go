@@ -81,3 +81,25 @@ func TestEncodeCopyLayout(t *testing.T) {
 		t.Fatalf("trailer %d (%v), %d bytes left; want -1 and nothing after", end, err, r.Len())
 	}
 }
+
+// TestMicrosAtTheEdges pins the COPY timestamp encoding at the ends of the
+// accepted years and of Postgres' own range, where microseconds since 1970
+// no longer fit an int64: the old form wrapped to a time in the past.
+func TestMicrosAtTheEdges(t *testing.T) {
+	for _, c := range []struct {
+		t    time.Time
+		want int64
+	}{
+		{time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), 0},
+		{time.Date(1999, 12, 31, 23, 59, 59, 999_999_999, time.UTC), -1},
+		{time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), -63_082_281_600_000_000},
+		{time.Date(9999, 12, 31, 23, 59, 59, 999_999_000, time.UTC), 252_455_615_999_999_999},
+		// Postgres' last timestamp (294276-12-31 23:59:59.999999), whose
+		// value is its END_TIMESTAMP minus one microsecond.
+		{time.Date(294276, 12, 31, 23, 59, 59, 999_999_000, time.UTC), 9_223_371_331_199_999_999},
+	} {
+		if got := micros(c.t); got != c.want {
+			t.Errorf("micros(%s) = %d, want %d", c.t, got, c.want)
+		}
+	}
+}

@@ -1,2 +1,3 @@
 -- Reverts 0005_partition_count.up.sql.
-SELECT 1 FROM {{.S}}.wp_outbox LIMIT 0;
+DROP FUNCTION {{.S}}.wp_partition_count(integer, timestamptz);
+DROP TABLE {{.S}}.wp_settings;
