@@ -27,7 +27,8 @@ import (
 	"github.com/workpump/workpump/workers"
 )
 
-// ErrStopped is returned by Start after Stop.
+// ErrStopped is returned by Start after Stop. It is also the cause of a
+// handler's context that Stop cancelled.
 var ErrStopped = errors.New("workpump: pump stopped")
 
 // flushTimeout bounds the final flush of acks and the deregister at Stop
