@@ -18,6 +18,19 @@ import (
 // operator can find them in pg_stat_activity.
 const listenerAppName = "workpump-listener"
 
+// While a listener holds the alive-lock it confirms its session at least
+// every lockConfirmEvery (a notification, or a ping when idle), and reports
+// the lock held only while the last confirmation is younger than
+// lockTrust. A connection can die without the client noticing while the
+// server has already ended the session and freed the lock (a lost FIN, a
+// half-dead link); peers' lock-loss rule evicts an instance whose
+// vouched-for lock stays missing for 3 s (the default), so the instance
+// must stop vouching well before that, not at the next 15 s ping.
+const (
+	lockConfirmEvery = 500 * time.Millisecond
+	lockTrust        = 2 * time.Second
+)
+
 // Listen starts instanceID's listener: a dedicated connection (not from the
 // pool) that holds the instance's alive-lock and LISTENs on its channel. It
 // returns once the first connection attempt ended; when that failed, the
@@ -83,6 +96,7 @@ type subscription struct {
 	mu        sync.Mutex
 	available bool
 	lockHeld  bool
+	confirmed time.Time // last proof that the lock-holding session is alive
 	closed    bool
 	crashed   bool   // fault injection: behave as a dead process, never reconnect
 	inUse     error  // the first connection found the alive-lock taken (Listen fails)
@@ -104,11 +118,26 @@ func (s *subscription) Available() bool {
 }
 
 // AliveLockHeld reports whether this subscription's connection holds the
-// instance's alive-lock.
+// instance's alive-lock, as confirmed within the last lockTrust.
 func (s *subscription) AliveLockHeld() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.lockHeld && time.Since(s.confirmed) <= lockTrust
+}
+
+// holdsLock reports whether the connection took the lock, confirmed or
+// not: what the listener itself acts on.
+func (s *subscription) holdsLock() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return s.lockHeld
+}
+
+// confirm records that the session answered.
+func (s *subscription) confirm() {
+	s.mu.Lock()
+	s.confirmed = time.Now()
+	s.mu.Unlock()
 }
 
 // Close stops listening, releases the alive-lock (before it returns) and
@@ -196,6 +225,7 @@ func (s *subscription) run(ctx context.Context, first chan struct{}) {
 			backoff = o.ListenerReconnectMin
 			s.mu.Lock()
 			s.available, s.lockHeld, s.pid = true, held, conn.PgConn().PID()
+			s.confirmed = time.Now()
 			if !initial {
 				s.push(driver.Signal{Kind: driver.SignalGateAvailable})
 			}
@@ -260,19 +290,23 @@ func (s *subscription) connect(ctx context.Context) (*pgx.Conn, bool, error) {
 
 // serve delivers notifications until the connection fails or ctx ends.
 // While idle it checks the connection every ping interval (a dead peer is
-// otherwise only noticed by TCP keepalive) and, while another session holds
-// the alive-lock, retries taking it.
+// otherwise only noticed by TCP keepalive), every lockConfirmEvery while it
+// holds the alive-lock, and, while another session holds the alive-lock,
+// retries taking it.
 func (s *subscription) serve(ctx context.Context, conn *pgx.Conn) error {
 	o := s.c.opts
 	for {
 		wait := o.ListenerPingInterval
-		if !s.AliveLockHeld() {
+		if s.holdsLock() {
+			wait = min(wait, lockConfirmEvery)
+		} else {
 			wait = min(wait, o.ListenerLockRetry)
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		if err == nil {
+			s.confirm()
 			s.deliver(n.Payload)
 			continue
 		}
@@ -292,9 +326,12 @@ func (s *subscription) serve(ctx context.Context, conn *pgx.Conn) error {
 func (s *subscription) check(ctx context.Context, conn *pgx.Conn) error {
 	cctx, cancel := context.WithTimeout(ctx, max(s.c.opts.ListenerPingInterval, 5*time.Second))
 	defer cancel()
-	if s.AliveLockHeld() {
-		_, err := conn.Exec(cctx, "SELECT 1")
-		return err
+	if s.holdsLock() {
+		if _, err := conn.Exec(cctx, "SELECT 1"); err != nil {
+			return err
+		}
+		s.confirm()
+		return nil
 	}
 	var held bool
 	if err := conn.QueryRow(cctx, s.c.sql.tryLock, s.id).Scan(&held); err != nil {
@@ -302,7 +339,7 @@ func (s *subscription) check(ctx context.Context, conn *pgx.Conn) error {
 	}
 	if held {
 		s.mu.Lock()
-		s.lockHeld = true
+		s.lockHeld, s.confirmed = true, time.Now()
 		s.mu.Unlock()
 		s.c.log.Info("alive-lock taken", "instance", s.id)
 	}

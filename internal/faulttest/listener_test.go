@@ -2,6 +2,7 @@ package faulttest_test
 
 import (
 	"context"
+	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -260,7 +261,7 @@ func TestListenerLoss_StartContextEndsListener(t *testing.T) {
 func TestListenerCut_BusyInstanceNotEvicted_Postgres(t *testing.T) {
 	e := newPGEnv(t)
 	listenerCutWhileBusy(t, e, pgxdriver.Options{ListenerReconnectMin: 8 * time.Second, ListenerReconnectMax: 8 * time.Second},
-		func(a *pgInstance) {
+		1500*time.Millisecond, func(a *pgInstance) {
 			if pid, err := e.terminateAliveLockHolder(t.Context(), a.id); err != nil || pid == 0 {
 				t.Fatalf("terminating A's listener: pid %d, %v", pid, err)
 			}
@@ -283,16 +284,143 @@ func TestListenerCut_ProxyCutWhileBusy_Postgres(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
 	u.Host = proxy.Addr()
-	listenerCutWhileBusy(t, e, pgxdriver.Options{ListenerConnString: u.String()}, func(*pgInstance) {
+	listenerCutWhileBusy(t, e, pgxdriver.Options{ListenerConnString: u.String()}, 1500*time.Millisecond, func(*pgInstance) {
 		if n := proxy.CutFor(8 * time.Second); n != 1 {
 			t.Fatalf("the proxy cut %d connections, want A's listener", n)
 		}
 	})
 }
 
-// listenerCutWhileBusy runs the scenario of the two tests above: cut breaks
-// A's listener so that it cannot reconnect for 8 s.
-func listenerCutWhileBusy(t *testing.T, e *pgEnv, pg pgxdriver.Options, cut func(a *pgInstance)) {
+// TestListenerCut_HalfDeadLinkWhileBusy_Postgres: the same with a link
+// that dies without the client noticing: the proxy ends the server side of
+// A's listener connection (Postgres ends the session and frees the
+// alive-lock at once) and silently swallows the client side, so A's
+// listener learns of it only when a ping times out (5 s here). A must stop
+// vouching for the lock it can no longer confirm before peers' lock-loss
+// rule (3 s) evicts it.
+func TestListenerCut_HalfDeadLinkWhileBusy_Postgres(t *testing.T) {
+	e := newPGEnv(t)
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newHalfDeadProxy(t, u.Host)
+	u.Host = proxy.addr()
+	// The listener stops trusting its lock 2 s after the last answer of
+	// its session (a ping every 500 ms); the report follows within 250 ms.
+	listenerCutWhileBusy(t, e, pgxdriver.Options{ListenerConnString: u.String(), ListenerPingInterval: 2 * time.Second},
+		2750*time.Millisecond, func(a *pgInstance) {
+			if n := proxy.halfCut(); n != 1 {
+				t.Fatalf("the proxy half-cut %d connections, want A's listener", n)
+			}
+			waitUntil(t, 5*time.Second, "the server ending A's listener session", func() bool {
+				pid, _ := e.aliveLockHolder(t.Context(), a.id)
+				return pid == 0
+			})
+		})
+}
+
+// halfDeadProxy forwards TCP connections to upstream. halfCut ends the
+// server side of the live connections and from then on swallows what either
+// side sends, leaving the client side open and silent. New connections go
+// through as usual.
+type halfDeadProxy struct {
+	ln       net.Listener
+	upstream string
+	mu       sync.Mutex
+	pairs    []*halfPair
+}
+
+type halfPair struct {
+	client, server net.Conn
+	dead           atomic.Bool
+}
+
+func newHalfDeadProxy(t *testing.T, upstream string) *halfDeadProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &halfDeadProxy{ln: ln, upstream: upstream}
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, pr := range p.pairs {
+			_ = pr.client.Close()
+			_ = pr.server.Close()
+		}
+	})
+	return p
+}
+
+func (p *halfDeadProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *halfDeadProxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.upstream)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		pr := &halfPair{client: client, server: server}
+		p.mu.Lock()
+		p.pairs = append(p.pairs, pr)
+		p.mu.Unlock()
+		go pr.pipe(server, client)
+		go pr.pipe(client, server)
+	}
+}
+
+// pipe copies from src to dst until src fails; once the pair is dead it
+// drops what it reads and never closes dst.
+func (pr *halfPair) pipe(src, dst net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !pr.dead.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil && !pr.dead.Load() {
+				_ = src.Close()
+				return
+			}
+		}
+		if err != nil {
+			if !pr.dead.Load() {
+				_ = dst.Close()
+			}
+			return
+		}
+	}
+}
+
+// halfCut kills the live connections' server sides silently for their
+// clients and returns how many it cut.
+func (p *halfDeadProxy) halfCut() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, pr := range p.pairs {
+		if pr.dead.CompareAndSwap(false, true) {
+			_ = pr.server.Close()
+			n++
+		}
+	}
+	return n
+}
+
+// listenerCutWhileBusy runs the scenario of the tests above: cut breaks
+// A's listener so that it holds no confirmed lock for at least 6 s.
+//
+// reportWithin bounds how soon after the cut A's heartbeat reports the lock
+// gone: a liveness bound, not a timing measurement (the withdrawal is due
+// within 250 ms of the listener knowing, plus one round trip).
+func listenerCutWhileBusy(t *testing.T, e *pgEnv, pg pgxdriver.Options, reportWithin time.Duration, cut func(a *pgInstance)) {
 	ctx := t.Context()
 	release := make(chan struct{})
 	var mu sync.Mutex
@@ -342,16 +470,13 @@ func listenerCutWhileBusy(t *testing.T, e *pgEnv, pg pgxdriver.Options, cut func
 
 	cutAt := time.Now()
 	cut(a)
-	// A liveness bound, not a timing measurement: the withdrawal is due
-	// within 250 ms of the listener noticing, plus one round trip.
-	waitUntil(t, 1500*time.Millisecond, "A's heartbeat reporting its alive-lock gone", func() bool {
+	waitUntil(t, reportWithin, "A's heartbeat reporting its alive-lock gone", func() bool {
 		held, beat := reported()
 		return !held && beat.After(cutAt.Add(-time.Second))
 	})
 	reportedAfter := time.Since(cutAt)
 
-	// LockLostAfter (3 s) plus two probe intervals and a margin, all before
-	// the listener can reconnect at 8 s: A must stay.
+	// LockLostAfter (3 s) plus two probe intervals and a margin: A must stay.
 	time.Sleep(6 * time.Second)
 	if n := e.count(`SELECT count(*) FROM `+e.q("wp_service_instances")+` WHERE instance_id = $1`, a.id); n != 1 {
 		t.Fatalf("A was evicted although only its listener broke")
