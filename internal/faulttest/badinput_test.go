@@ -162,6 +162,10 @@ func seedStore(t *testing.T, c driver.Coordinator) (inst uuid.UUID, claimed driv
 	return inst, res.Work[0], ids
 }
 
+// above32 is 2^32+5 (on 64-bit platforms): as a 32-bit integer it would
+// be 5, and above32-5+n would be n.
+var above32 = func() int { var w int64 = 1<<32 + 5; return int(w) }()
+
 // coordinatorCases are the bad calls every driver must refuse.
 func coordinatorCases(c driver.Coordinator, inst uuid.UUID, claimed driver.Work, receptor uuid.UUID) []badCase {
 	ref := claimed.Ref()
@@ -233,6 +237,12 @@ func coordinatorCases(c driver.Coordinator, inst uuid.UUID, claimed driver.Work,
 		{name: "CleanupStale DeadAfter below StaleAfter", call: cleanup(driver.CleanupRequest{StaleAfter: time.Hour, DeadAfter: time.Second}), mention: "DeadAfter"},
 		{name: "CleanupStale negative LockLostAfter", call: cleanup(driver.CleanupRequest{StaleAfter: time.Nanosecond, DeadAfter: time.Nanosecond, LockLostAfter: -1}), mention: "LockLostAfter"},
 		{name: "Deregister nil id", call: func(ctx context.Context) error { return c.Deregister(ctx, uuid.Nil) }, mention: "instanceID"},
+		// Counts a 32-bit column cannot hold: refused, not truncated
+		// (2^32+1 attempts would be attempt 1, the one the seed holds).
+		{name: "ClaimWork batch above 32 bits", call: claim(driver.ClaimRequest{InstanceID: inst, Lease: time.Minute, MaxPerCategory: above32}), mention: "MaxPerCategory"},
+		{name: "Complete attempts above 32 bits", call: complete(inst, []driver.Ref{{Category: ref.Category, ID: ref.ID, Attempts: above32 - 5 + ref.Attempts}}), mention: "refs[0].Attempts"},
+		{name: "Fail MaxAttempts above 32 bits", call: fail(func(r *driver.FailRequest) { r.MaxAttempts = above32 }), mention: "MaxAttempts"},
+		{name: "RecordHeartbeat PID above 32 bits", call: hb(func(r *driver.HeartbeatRequest) { r.Instance.PID = above32 }), mention: "Instance.PID"},
 	}
 	cases = append(cases, enqueueCases(func(ctx context.Context, items []driver.NewWork) error { _, err := c.Enqueue(ctx, items); return err }, "")...)
 	if l, ok := c.(driver.Listener); ok {
@@ -280,6 +290,9 @@ func enqueueCases(enqueue func(ctx context.Context, items []driver.NewWork) erro
 		{name: prefix + "Enqueue metadata not JSON", call: with(driver.NewWork{Category: driver.Inbox, Metadata: json.RawMessage("not json")}), mention: "items[1].Metadata"},
 		{name: prefix + "Enqueue metadata not an object", call: with(driver.NewWork{Category: driver.Inbox, Metadata: json.RawMessage(`"s"`)}), mention: "JSON object"},
 		{name: prefix + "Enqueue metadata over the limit", call: with(driver.NewWork{Category: driver.Inbox, Metadata: json.RawMessage(`{"a":"` + strings.Repeat("x", driver.MaxMetadataBytes) + `"}`)}), mention: "Metadata"},
+		{name: prefix + "Enqueue schedule far in the future", call: with(driver.NewWork{Category: driver.Inbox, ScheduledFor: time.Unix(1<<62, 0)}), mention: "items[1].ScheduledFor"},
+		{name: prefix + "Enqueue schedule in year 10000", call: with(driver.NewWork{Category: driver.Inbox, ScheduledFor: time.Time{}.AddDate(9999, 0, 0)}), mention: "items[1].ScheduledFor"},
+		{name: prefix + "Enqueue schedule before year 1", call: with(driver.NewWork{Category: driver.Inbox, ScheduledFor: time.Date(0, 6, 1, 0, 0, 0, 0, time.UTC)}), mention: "items[1].ScheduledFor"},
 		{name: prefix + "Enqueue repeated id", call: func(ctx context.Context) error {
 			return enqueue(ctx, []driver.NewWork{{ID: dup, Category: driver.Inbox}, {ID: dup, Category: driver.Inbox}})
 		}, mention: "repeats"},
@@ -443,6 +456,11 @@ func TestBadInput_Postgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The schema records the driver's partition count before the snapshot:
+	// the first check (any pump's Start) writes it.
+	if err := c.CheckSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	inst, claimed, ids := seedStore(t, c)
 	snap := e.pgSnapshot
 	snapshotSees(t, snap, func() error {
@@ -490,6 +508,32 @@ func TestBadInput_Postgres(t *testing.T) {
 	cases = append(cases,
 		badCase{name: "pgxdriver.New nil pool", call: func(context.Context) error { _, err := pgxdriver.New(nil, pgxdriver.Options{}); return err }, mention: "pool"},
 		newOpt("negative partitions", pgxdriver.Options{PartitionCount: -1}, "PartitionCount"),
+		newOpt("partitions above 32 bits", pgxdriver.Options{PartitionCount: above32}, "Options.PartitionCount"),
+		badCase{name: "CheckSchema with another partition count", call: func(ctx context.Context) error {
+			other, err := pgxdriver.New(e.admin, pgxdriver.Options{Schema: e.schema, PartitionCount: 64})
+			if err != nil {
+				return err
+			}
+			return other.CheckSchema(ctx)
+		}, is: driver.ErrSchemaMismatch, mention: fmt.Sprintf("configured with 64 but schema %q records %d", e.schema, driver.DefaultPartitionCount)},
+		badCase{name: "Start with another partition count", call: func(ctx context.Context) error {
+			other, err := pgxdriver.New(e.admin, pgxdriver.Options{Schema: e.schema, PartitionCount: 64})
+			if err != nil {
+				return err
+			}
+			p, err := workpump.New(other, workpump.Options{})
+			if err != nil {
+				return err
+			}
+			if err := p.Handle(driver.Outbox, "", func(context.Context, workpump.Work) error { return nil }); err != nil {
+				return err
+			}
+			err = p.Start(ctx)
+			if err == nil {
+				_ = p.Stop(ctx)
+			}
+			return err
+		}, is: driver.ErrSchemaMismatch, mention: "records"},
 		newOpt("negative reconnect", pgxdriver.Options{ListenerReconnectMin: -time.Second}, "ListenerReconnectMin"),
 		newOpt("reconnect max below min", pgxdriver.Options{ListenerReconnectMin: time.Minute, ListenerReconnectMax: time.Second}, "ListenerReconnectMax"),
 		newOpt("negative ping", pgxdriver.Options{ListenerPingInterval: -time.Second}, "ListenerPingInterval"),
