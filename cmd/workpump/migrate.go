@@ -2,19 +2,24 @@ package main
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
 
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/pgcall"
 	"github.com/workpump/workpump/migrations"
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const synopsis = "migrate up|down|status --database-url URL [--schema S] [--to N]"
+	const synopsis = "migrate up|down|status --database-url URL [--schema S] [--to N] [--partition-count N]"
 	fs := newFlagSet("migrate", synopsis, stderr)
 	db := databaseURLFlag(fs)
 	schema := fs.String("schema", migrations.DefaultSchema, "schema holding the workpump tables")
 	to := fs.Int("to", 0, "down: the version to roll back to (0 removes everything)")
+	partitions := fs.Int("partition-count", 0, "up: record this partition count in the schema (0: leave it to the first pump that starts, which records its own); every process sharing the schema must use it")
 	action := ""
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		action, args = args[0], args[1:]
@@ -34,6 +39,12 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if *to < 0 || *to > migrations.Latest() {
 		return usagef("--to: %d, want 0..%d", *to, migrations.Latest())
+	}
+	if *partitions < 0 || *partitions > driver.MaxCount {
+		return usagef("--partition-count: %d, want 1..%d (or 0 to leave it to the first pump)", *partitions, driver.MaxCount)
+	}
+	if *partitions != 0 && action != "up" {
+		return usagef("--partition-count applies to migrate up only")
 	}
 	pool, err := openPool(ctx, *db, 2)
 	if err != nil {
@@ -66,6 +77,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if len(applied) == 0 {
 			fmt.Fprintf(stdout, "schema %s is up to date (version %d)\n", *schema, migrations.Latest())
 		}
+		if *partitions != 0 {
+			var rec int32
+			if err := sdb.QueryRowContext(ctx, pgcall.PartitionCount.SQL(*schema, pgcall.Dollar), int32(*partitions), nil).Scan(&rec); err != nil {
+				return fmt.Errorf("record the partition count: %w", err)
+			}
+			if err := pgcall.CheckPartitionCount(*schema, *partitions, int(rec)); err != nil {
+				return fmt.Errorf("--partition-count: %w", err)
+			}
+		}
+		fmt.Fprintln(stdout, partitionLine(ctx, sdb, *schema))
 	case "down":
 		undone, err := migrations.Down(ctx, sdb, *schema, *to)
 		if err != nil {
@@ -92,6 +113,39 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if st.Ahead {
 			fmt.Fprintf(stdout, "  the database is ahead of this build (version %s)\n", strconv.Itoa(st.Current))
 		}
+		if st.Current >= partitionCountVersion {
+			fmt.Fprintln(stdout, partitionLine(ctx, sdb, *schema))
+		}
 	}
 	return nil
+}
+
+// partitionCountVersion is the schema version that records the partition
+// count.
+const partitionCountVersion = 5
+
+// recordedPartitionCount reads the partition count schema records, without
+// recording one; ok is false when none is recorded yet or the schema
+// predates partitionCountVersion.
+func recordedPartitionCount(ctx context.Context, db *sql.DB, schema string) (n int, ok bool, err error) {
+	err = db.QueryRowContext(ctx, pgcall.RecordedPartitionCountSQL(schema)).Scan(&n)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) || pgcall.IsUndefinedTable(err):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	}
+	return n, true, nil
+}
+
+// partitionLine says which partition count schema records.
+func partitionLine(ctx context.Context, db *sql.DB, schema string) string {
+	n, ok, err := recordedPartitionCount(ctx, db, schema)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("partition count: unreadable (%v)", err)
+	case !ok:
+		return "partition count: not recorded yet (the first pump to start records its own)"
+	}
+	return fmt.Sprintf("partition count: %d (every process sharing schema %s must use it)", n, schema)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/pgxdriver"
+	"github.com/workpump/workpump/internal/pgcall"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -20,6 +22,9 @@ type statusReport struct {
 	Instances   []statusInstance         `json:"instances"`
 	Backlog     map[string]statusBacklog `json:"backlog"`
 	DeadLetters int                      `json:"dead_letters"`
+	// PartitionCount is the count the schema records; null when none is
+	// recorded yet (the first pump to start records its own).
+	PartitionCount *int `json:"partition_count"`
 }
 
 type statusInstance struct {
@@ -61,11 +66,27 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer pool.Close()
-	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *schema, DisableListener: true})
+	// Status only reads: the driver's CheckSchema would record its own
+	// partition count in a schema that records none.
+	sdb := sqlDB(pool)
+	defer sdb.Close()
+	var version sql.NullInt64
+	err = sdb.QueryRowContext(ctx, pgcall.VersionSQL(*schema)).Scan(&version)
+	if pgcall.IsUndefinedTable(err) {
+		err, version = nil, sql.NullInt64{}
+	}
 	if err != nil {
 		return err
 	}
-	if err := coord.CheckSchema(ctx); err != nil {
+	if _, err := pgcall.SchemaVersionError(*schema, int(version.Int64)); err != nil {
+		return err
+	}
+	partitions, recorded, err := recordedPartitionCount(ctx, sdb, *schema)
+	if err != nil {
+		return err
+	}
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *schema, DisableListener: true})
+	if err != nil {
 		return err
 	}
 	st, err := coord.Stats(ctx)
@@ -73,6 +94,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	rep := buildStatus(*schema, st)
+	if recorded {
+		rep.PartitionCount = &partitions
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		return enc.Encode(rep)
@@ -107,7 +131,12 @@ func buildStatus(schema string, st driver.Stats) statusReport {
 }
 
 func printStatus(w io.Writer, rep statusReport) {
-	fmt.Fprintf(w, "schema %s at %s\n\n", rep.Schema, rep.Now.Format(time.RFC3339))
+	fmt.Fprintf(w, "schema %s at %s\n", rep.Schema, rep.Now.Format(time.RFC3339))
+	if rep.PartitionCount != nil {
+		fmt.Fprintf(w, "partition count %d\n\n", *rep.PartitionCount)
+	} else {
+		fmt.Fprintf(w, "partition count not recorded yet (the first pump to start records its own)\n\n")
+	}
 	fmt.Fprintf(w, "instances (%d live)\n", len(rep.Instances))
 	if len(rep.Instances) == 0 {
 		fmt.Fprintln(w, "  none")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/migrations"
 )
 
 // PartitionCount records the caller's partition count as the schema's when
@@ -31,4 +32,11 @@ func CheckPartitionCount(schema string, configured, recorded int) error {
 	}
 	return fmt.Errorf("%w: PartitionCount: driver configured with %d but schema %q records %d; every process sharing the schema must use %d",
 		driver.ErrSchemaMismatch, configured, schema, recorded, recorded)
+}
+
+// RecordedPartitionCountSQL reads the partition count schema records
+// (which the caller has validated), without recording one: no row when
+// none is recorded yet. It needs schema version 5.
+func RecordedPartitionCountSQL(schema string) string {
+	return `SELECT partition_count FROM "` + schema + `".` + migrations.SettingsTable + ` WHERE id`
 }
