@@ -234,6 +234,9 @@ func (o Options) Validate() error {
 	if o.MaxAttempts <= 0 {
 		bad("MaxAttempts: %d, want > 0", o.MaxAttempts)
 	}
+	if o.MaxAttempts > driver.MaxCount {
+		bad("MaxAttempts: %d is above driver.MaxCount %d", o.MaxAttempts, driver.MaxCount)
+	}
 	if o.RetryBase <= 0 {
 		bad("RetryBase: %v, want > 0", o.RetryBase)
 	}

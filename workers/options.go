@@ -168,6 +168,8 @@ func (o ClaimOptions) Validate() error {
 		return optErr("NotifyHealthyPollInterval", "%v, want > 0 or TightPolling (%v)", o.NotifyHealthyPollInterval, TightPolling)
 	case o.MaxStreamsPerBatch <= 0:
 		return optErr("MaxStreamsPerBatch", "%d, want > 0", o.MaxStreamsPerBatch)
+	case o.MaxStreamsPerBatch > driver.MaxCount:
+		return optErr("MaxStreamsPerBatch", "%d is above driver.MaxCount %d", o.MaxStreamsPerBatch, driver.MaxCount)
 	case o.Lease <= 0:
 		return optErr("Lease", "%v, want > 0", o.Lease)
 	case o.SelfPollInterval <= 0:

@@ -334,6 +334,9 @@ func pumpCases(c driver.Coordinator) []badCase {
 		{name: "New negative maintenance interval", call: opt(func(o *workpump.Options) { o.Maintenance.Interval = -time.Minute }), mention: "Maintenance.Interval"},
 		{name: "New negative purge age", call: opt(func(o *workpump.Options) { o.Maintenance.PurgeDeadLettersAfter = -time.Hour }), mention: "Maintenance.PurgeDeadLettersAfter"},
 		{name: "New negative lock-loss delay", call: opt(func(o *workpump.Options) { o.Heartbeat.LockLostAfter = -3 * time.Second }), mention: "LockLostAfter"},
+		{name: "New MaxAttempts above 32 bits", call: opt(func(o *workpump.Options) { o.MaxAttempts = above32 }), mention: "MaxAttempts"},
+		{name: "New batch above 32 bits", call: opt(func(o *workpump.Options) { o.Claim.MaxStreamsPerBatch = above32 }), mention: "Claim.MaxStreamsPerBatch"},
+		{name: "New PID above 32 bits", call: opt(func(o *workpump.Options) { o.PID = above32 }), mention: "PID"},
 	}
 	// Registration: a fresh pump per case.
 	reg := func(do func(p *workpump.Pump) error) func(ctx context.Context) error {
