@@ -109,5 +109,14 @@
 //
 // Bad input never writes: every method validates its whole argument first and
 // returns an error wrapping ErrInvalidArgument (or ErrUnknownCategory,
-// ErrNotRenewable) that names the offending field.
+// ErrNotRenewable) that names the offending field. The limits are the
+// contract's, checked by this package's Validate functions before any driver
+// converts a value, so every driver refuses the same input with the same
+// message: times outside years MinYear to MaxYear (UTC), counts above
+// MaxCount, sizes above the Max*Bytes limits.
+//
+// Every process sharing a store must use one partition count, or rows of one
+// stream land in different partitions and per-stream order breaks silently.
+// A store with a schema records the count (SchemaChecker), and CheckSchema
+// refuses a driver configured with another one (ErrSchemaMismatch).
 package driver

@@ -295,5 +295,7 @@ func (s *Store) HoldAliveLock(id uuid.UUID) (release func()) {
 	}
 }
 
-// CheckSchema always succeeds: the in-memory store has no schema.
+// CheckSchema always succeeds: the in-memory store has no schema, and no
+// partition count to compare either, since only this process enqueues into
+// it, always with its Options.PartitionCount.
 func (s *Store) CheckSchema(ctx context.Context) error { return ctx.Err() }
