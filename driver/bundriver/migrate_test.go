@@ -3,6 +3,7 @@ package bundriver_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -52,7 +53,7 @@ func TestRegisterMigrationsRejectsBadInput(t *testing.T) {
 	if err := bundriver.RegisterMigrations(ms, bundriver.MigrationOptions{Schema: "other", NamePrefix: "20250101000000"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := ms.Sorted(); len(got) != 2*migrations.Latest() || got[len(got)-1].Name != "202501010000000002" {
+	if got := ms.Sorted(); len(got) != 2*migrations.Latest() || got[len(got)-1].Name != fmt.Sprintf("20250101000000%04d", migrations.Latest()) {
 		t.Fatalf("after a second schema: %v", got)
 	}
 }
