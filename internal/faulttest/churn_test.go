@@ -221,8 +221,9 @@ func TestChurn_Postgres(t *testing.T) {
 
 	// Visitors and cuts, scheduled on this goroutine.
 	type stopRec struct {
-		id   uuid.UUID
-		took time.Duration
+		id       uuid.UUID
+		took     time.Duration
+		from, to time.Duration // on the recorder's clock
 	}
 	var (
 		visitors    atomic.Int64
@@ -246,14 +247,14 @@ func TestChurn_Postgres(t *testing.T) {
 				defer liveVisits.Add(-1)
 				_ = sleepCtx(ctx, life)
 				sctx, scancel := context.WithTimeout(context.Background(), churnStopLimit)
-				start := time.Now()
+				start, from := time.Now(), rec.Since()
 				_ = in.pump.Stop(sctx)
-				took := time.Since(start)
+				took, to := time.Since(start), rec.Since()
 				scancel()
 				in.stop(churnStopLimit) // closes the pool
 				if took > churnStopLimit+churnStopMargin {
 					slowMu.Lock()
-					slowStops = append(slowStops, stopRec{in.id, took})
+					slowStops = append(slowStops, stopRec{in.id, took, from, to})
 					slowMu.Unlock()
 				}
 			})
@@ -332,7 +333,15 @@ func TestChurn_Postgres(t *testing.T) {
 	}
 	slowMu.Lock()
 	for _, s := range slowStops {
-		t.Errorf("churn: visitor %s: Stop with a %v deadline returned after %v", s.id, churnStopLimit, s.took.Round(time.Millisecond))
+		// The store calls the instance had running while it stopped.
+		var calls []string
+		for _, ev := range h.Events {
+			if ev.Instance == s.id && ev.Op != history.OpHandler && ev.Start < s.to && (!ev.Ended || ev.End > s.from) {
+				calls = append(calls, fmt.Sprintf("%s %+.3fs..%+.3fs", ev.Op, (ev.Start - s.from).Seconds(), (ev.End - s.from).Seconds()))
+			}
+		}
+		t.Errorf("churn: visitor %s: Stop with a %v deadline returned after %v; its store calls during Stop (times from Stop's start): %v",
+			s.id, churnStopLimit, s.took.Round(time.Millisecond), calls)
 	}
 	slowMu.Unlock()
 }
