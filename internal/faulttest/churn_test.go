@@ -337,7 +337,7 @@ func TestChurn_Postgres(t *testing.T) {
 		var calls []string
 		for _, ev := range h.Events {
 			if ev.Instance == s.id && ev.Op != history.OpHandler && ev.Start < s.to && (!ev.Ended || ev.End > s.from) {
-				calls = append(calls, fmt.Sprintf("%s %+.3fs..%+.3fs", ev.Op, (ev.Start - s.from).Seconds(), (ev.End - s.from).Seconds()))
+				calls = append(calls, fmt.Sprintf("%s %+.3fs..%+.3fs", ev.Op, (ev.Start-s.from).Seconds(), (ev.End-s.from).Seconds()))
 			}
 		}
 		t.Errorf("churn: visitor %s: Stop with a %v deadline returned after %v; its store calls during Stop (times from Stop's start): %v",
