@@ -44,9 +44,11 @@ const (
 	churnMaxVisitors     = 2
 	churnStopLimit       = time.Second // a visitor's Stop deadline
 	// churnStopMargin bounds how long Stop may take past its deadline: it
-	// gives cancelled handlers a moment, releases what they held and
-	// deregisters.
-	churnStopMargin = 3 * time.Second
+	// gives cancelled handlers a second, then waits for the claim in
+	// flight, releases what the handlers held and deregisters, which late
+	// in a long run (tables of ~300 000 rows) took up to 3.2 s. A handler
+	// that ignores its context must not hold it up (it overruns 25 s).
+	churnStopMargin = 5 * time.Second
 	churnDrainLimit = 3 * time.Minute
 )
 
@@ -72,7 +74,7 @@ const (
 // history.Recorder. After the run and a drain, history.Check must report
 // no violation (order, single owner, one run per instance, MaxAttempts),
 // every item must have been run to success or dead-lettered, and every
-// visitor's Stop must have returned within its deadline plus 3 s.
+// visitor's Stop must have returned within its deadline plus 5 s.
 //
 // WORKPUMP_CHURN_SEED replays the producer's and scheduler's choices
 // (not the interleavings). With the drain and the final Stop the test takes
