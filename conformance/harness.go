@@ -63,6 +63,10 @@ const (
 	// step: the claim then sees everything the peer did, which is the
 	// outcome the race must have anyway.
 	PauseClaimAfterCandidates PausePoint = "claim.after_candidates"
+	// PauseRenewAfterUpdate is inside RenewLeases, after it wrote the
+	// renewed leases (their rows locked until the call ends). A store whose
+	// renewal is one atomic step holds the call before that step.
+	PauseRenewAfterUpdate PausePoint = "renew.after_update"
 )
 
 // Pauser holds one instance's calls at a pause point.
@@ -76,6 +80,11 @@ type Pauser interface {
 type Pause interface {
 	// Reached returns once a call waits at the point, or ctx's error.
 	Reached(ctx context.Context) error
+	// Blocked returns once another call waits for a lock the held call
+	// holds, or ctx's error. A store whose calls are atomic steps returns
+	// at once: nothing can wait behind a call held before its step, and
+	// the peer's call has run (or runs) to its end without it.
+	Blocked(ctx context.Context) error
 	// Release lets waiting and later calls through. Idempotent.
 	Release()
 }

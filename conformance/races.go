@@ -52,6 +52,16 @@ func raceCases() []testCase {
 			})
 		}
 	}
+	cs = append(cs,
+		testCase{name: "Races/ReleaseWhileARenewalIsInFlight", needs: needPauses, run: func(e *env) {
+			e.ackWhileARenewalIsInFlight(false)
+		}},
+		testCase{name: "Races/DeregisterWhileARenewalIsInFlight", needs: needPauses, run: func(e *env) {
+			e.ackWhileARenewalIsInFlight(true)
+		}},
+		testCase{name: "Lease/RenewAfterTheLeaseRanOutIsLost", run: renewAfterExpiry},
+		testCase{name: "Lease/ShorterRenewalKeepsTheStreamLease", run: shorterRenewal},
+	)
 	cs = append(cs, testCase{
 		name:  "Races/RandomPeersWhileClaimsAreHeld",
 		needs: needPauses,
@@ -364,4 +374,103 @@ func (e *env) randomPeersWhileClaimsAreHeld(rng *rand.Rand, rounds int) {
 		}
 		check(fmt.Sprintf("round %d, after acks", round))
 	}
+}
+
+// ackWhileARenewalIsInFlight holds a's renewal of two rows after it wrote
+// them (their rows locked), runs a Release of the first row (or a's
+// Deregister) until it waits behind the renewal, then lets both finish.
+// The release applies (a held that attempt throughout); a deregistration
+// leaves nothing leased to a.
+func (e *env) ackWhileARenewalIsInFlight(deregister bool) {
+	e.t.Helper()
+	a := e.instances(1)[0]
+	first, second := item(driver.Outbox, "renew-race"), item(driver.Outbox, "renew-race")
+	e.enqueue(first, second)
+	ws := e.claim(a).Work
+	e.wantIDs("a's claim", ws, first.ID, second.ID)
+	pause, err := e.store.Pauses.Arm(PauseRenewAfterUpdate, a)
+	if err != nil {
+		e.t.Fatalf("Arm: %v", err)
+	}
+	renewed := make(chan error, 1)
+	go func() {
+		_, err := e.c.RenewLeases(e.ctx, driver.RenewRequest{InstanceID: a, Category: driver.Outbox, IDs: []uuid.UUID{first.ID, second.ID}, Lease: defaultLease})
+		renewed <- err
+	}()
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	if err := pause.Reached(ctx); err != nil {
+		pause.Release()
+		e.t.Fatalf("a's renewal never reached its pause point: %v", err)
+	}
+	type outcome struct {
+		res driver.AckResult
+		err error
+	}
+	acked := make(chan outcome, 1)
+	go func() {
+		if deregister {
+			acked <- outcome{err: e.c.Deregister(e.ctx, a)}
+			return
+		}
+		res, err := e.c.Release(e.ctx, a, []driver.Ref{ws[0].Ref()})
+		acked <- outcome{res, err}
+	}()
+	if err := pause.Blocked(ctx); err != nil {
+		pause.Release()
+		e.t.Fatalf("the peer call never waited behind a's renewal: %v", err)
+	}
+	pause.Release()
+	var out outcome
+	select {
+	case out = <-acked:
+	case <-ctx.Done():
+		e.t.Fatal("the call behind a's renewal did not return")
+	}
+	if out.err != nil {
+		e.t.Fatalf("the call behind a's renewal: %v", out.err)
+	}
+	if err := <-renewed; err != nil && !deregister {
+		e.t.Fatalf("a's renewal: %v", err)
+	}
+	if deregister {
+		e.wantInstances("after a's deregistration")
+		e.mustBeUnleased(driver.Outbox, first.ID, 1, "a deregistered while its renewal was in flight")
+		e.mustBeUnleased(driver.Outbox, second.ID, 1, "a deregistered while its renewal was in flight")
+		return
+	}
+	e.wantAck("a's release behind its own renewal", out.res, 1, nil, nil)
+	e.mustBeUnleased(driver.Outbox, first.ID, 0, "a's release behind its own renewal")
+}
+
+// renewAfterExpiry: a lease that ran out is lost, even before anyone
+// reclaims its row: by then a peer may hold an earlier row of its stream.
+func renewAfterExpiry(e *env) {
+	a := e.instances(1)[0]
+	w := item(driver.Outbox, "expired")
+	e.enqueue(w)
+	got := e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: time.Minute, MaxPerCategory: 10}).Work
+	e.advance(time.Minute + time.Second)
+	res := e.renew(a, driver.Outbox, time.Hour, w.ID)
+	if res.Renewed != 0 || !sameIDs(res.Lost, []uuid.UUID{w.ID}) {
+		e.t.Fatalf("renewal of a lease that ran out = %+v, want Renewed 0, Lost [row]", res)
+	}
+	e.mustBeLeased(driver.Outbox, w.ID, a, got[0].LeaseExpiry, 1, "renewal of a lease that ran out")
+}
+
+// shorterRenewal: a renewal shorter than the stream's lease extends rows
+// but never shortens the stream's lease, which covers every row the owner
+// holds (here an earlier row of the stream that is not renewed).
+func shorterRenewal(e *env) {
+	a := e.instances(1)[0]
+	ws := items(driver.Outbox, "shorter", 2)
+	e.enqueue(ws...)
+	got := e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: time.Hour, MaxPerCategory: 10}).Work
+	e.wantIDs("a's claim", got, ws[0].ID, ws[1].ID)
+	res := e.renew(a, driver.Outbox, time.Minute, ws[1].ID)
+	if res.Renewed != 1 {
+		e.t.Fatalf("shorter renewal = %+v, want Renewed 1", res)
+	}
+	e.mustBeLeased(driver.Outbox, ws[1].ID, a, e.now().Add(time.Minute), 1, "shorter renewal")
+	e.mustOwn("shorter", a, got[0].LeaseExpiry, "a shorter renewal of one row")
 }

@@ -26,6 +26,7 @@ func ExampleRender() {
 	// 0003_claim_order: creates wp_ objects in "shop": true
 	// 0004_liveness: creates wp_ objects in "shop": true
 	// 0005_partition_count: creates wp_ objects in "shop": true
+	// 0006_lease_fences: creates wp_ objects in "shop": true
 	// true
 }
 

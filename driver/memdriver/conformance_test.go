@@ -35,11 +35,15 @@ func newStore(cfg conformance.StoreConfig) conformance.Store {
 type pauser struct{ s *memdriver.Store }
 
 func (p pauser) Arm(point conformance.PausePoint, id uuid.UUID) (conformance.Pause, error) {
-	if point != conformance.PauseClaimAfterCandidates {
-		return nil, fmt.Errorf("memdriver: no pause point %q", point)
+	switch point {
+	case conformance.PauseClaimAfterCandidates:
+		reached, release := p.s.HoldClaims(id)
+		return hold{reached, release}, nil
+	case conformance.PauseRenewAfterUpdate:
+		reached, release := p.s.HoldRenewals(id)
+		return hold{reached, release}, nil
 	}
-	reached, release := p.s.HoldClaims(id)
-	return hold{reached, release}, nil
+	return nil, fmt.Errorf("memdriver: no pause point %q", point)
 }
 
 type hold struct {
@@ -55,6 +59,9 @@ func (h hold) Reached(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// Blocked returns at once: a held memdriver call holds nothing.
+func (h hold) Blocked(ctx context.Context) error { return ctx.Err() }
 
 func (h hold) Release() { h.release() }
 

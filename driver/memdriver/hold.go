@@ -7,11 +7,24 @@ import (
 	"github.com/google/uuid"
 )
 
-// claimHolds are the instances whose claims wait in HoldClaims. Apart from
-// the store's mutex: a held claim waits before it takes that.
+// claimHolds are the calls held by HoldClaims and HoldRenewals. Apart from
+// the store's mutex: a held call waits before it takes that.
 type claimHolds struct {
 	mu sync.Mutex
-	by map[uuid.UUID]*claimHold
+	by map[holdKey]*claimHold
+}
+
+// holdKind names the method a hold applies to.
+type holdKind int
+
+const (
+	holdClaim holdKind = iota
+	holdRenew
+)
+
+type holdKey struct {
+	kind holdKind
+	id   uuid.UUID
 }
 
 type claimHold struct {
@@ -28,18 +41,28 @@ type claimHold struct {
 // as the outcome goes: the claim sees whatever ran while it waited. Tests
 // use it to run a peer while a claim is in flight.
 func (s *Store) HoldClaims(instanceID uuid.UUID) (reached <-chan struct{}, release func()) {
+	return s.hold(holdKey{holdClaim, instanceID})
+}
+
+// HoldRenewals is HoldClaims for RenewLeases: every renewal of instanceID
+// waits, before it reads anything, until release is called.
+func (s *Store) HoldRenewals(instanceID uuid.UUID) (reached <-chan struct{}, release func()) {
+	return s.hold(holdKey{holdRenew, instanceID})
+}
+
+func (s *Store) hold(k holdKey) (reached <-chan struct{}, release func()) {
 	h := &claimHold{reached: make(chan struct{}), released: make(chan struct{})}
 	s.holds.mu.Lock()
 	if s.holds.by == nil {
-		s.holds.by = map[uuid.UUID]*claimHold{}
+		s.holds.by = map[holdKey]*claimHold{}
 	}
-	s.holds.by[instanceID] = h
+	s.holds.by[k] = h
 	s.holds.mu.Unlock()
 	return h.reached, func() {
 		h.releaseOnce.Do(func() {
 			s.holds.mu.Lock()
-			if s.holds.by[instanceID] == h {
-				delete(s.holds.by, instanceID)
+			if s.holds.by[k] == h {
+				delete(s.holds.by, k)
 			}
 			s.holds.mu.Unlock()
 			close(h.released)
@@ -47,10 +70,10 @@ func (s *Store) HoldClaims(instanceID uuid.UUID) (reached <-chan struct{}, relea
 	}
 }
 
-// waitHold blocks a claim of instanceID while a hold is armed for it.
-func (s *Store) waitHold(ctx context.Context, instanceID uuid.UUID) error {
+// waitHold blocks a call of instanceID while a hold of its kind is armed.
+func (s *Store) waitHold(ctx context.Context, kind holdKind, instanceID uuid.UUID) error {
 	s.holds.mu.Lock()
-	h := s.holds.by[instanceID]
+	h := s.holds.by[holdKey{kind, instanceID}]
 	s.holds.mu.Unlock()
 	if h == nil {
 		return nil

@@ -96,7 +96,7 @@ func (s *Store) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.
 	if err := req.Validate(); err != nil {
 		return driver.ClaimResult{}, err
 	}
-	if err := s.waitHold(ctx, req.InstanceID); err != nil {
+	if err := s.waitHold(ctx, holdClaim, req.InstanceID); err != nil {
 		return driver.ClaimResult{}, err
 	}
 	s.mu.Lock()
@@ -173,13 +173,17 @@ func (s *Store) claimCategory(c *catStore, me uuid.UUID, now, leaseExp time.Time
 }
 
 // RenewLeases sets lease expiry = now+Lease on the rows of req.IDs that are
-// unprocessed and leased to the caller, extends the stream lease of those
-// rows' streams the caller owns, and reports the other ids in Lost.
+// unprocessed and leased to the caller with a lease that has not run out,
+// extends the stream lease of those rows' streams the caller owns, and
+// reports the other ids in Lost.
 func (s *Store) RenewLeases(ctx context.Context, req driver.RenewRequest) (driver.RenewResult, error) {
 	if err := ctx.Err(); err != nil {
 		return driver.RenewResult{}, err
 	}
 	if err := req.Validate(); err != nil {
+		return driver.RenewResult{}, err
+	}
+	if err := s.waitHold(ctx, holdRenew, req.InstanceID); err != nil {
 		return driver.RenewResult{}, err
 	}
 	s.mu.Lock()
@@ -199,14 +203,18 @@ func (s *Store) RenewLeases(ctx context.Context, req driver.RenewRequest) (drive
 	var lost map[uuid.UUID]bool // dedupes Lost when ids repeat
 	for _, id := range req.IDs {
 		r := c.rows[id]
-		if r != nil && !r.removed && r.instance == req.InstanceID {
+		// A lease that ran out is lost: a peer may hold an earlier row of
+		// its stream by now.
+		if r != nil && !r.removed && r.instance == req.InstanceID && !r.w.LeaseExpiry.Before(now) {
 			if r.renewMark == mark {
 				continue // a repeated id renews (and counts) once
 			}
 			r.renewMark = mark
 			r.w.LeaseExpiry = exp
 			res.Renewed++
-			if st := r.sc.st; st != nil && st.owner == req.InstanceID {
+			// The stream lease covers every row the owner holds: never
+			// shortened by a shorter renewal.
+			if st := r.sc.st; st != nil && st.owner == req.InstanceID && st.expiry.Before(exp) {
 				st.expiry = exp
 			}
 			continue

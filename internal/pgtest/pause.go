@@ -87,6 +87,37 @@ func (p *pause) Reached(ctx context.Context) error {
 	}
 }
 
+// Blocked waits until a session waits behind the held call's session (the
+// one waiting on the point's lock), as pg_blocking_pids reports it.
+func (p *pause) Blocked(ctx context.Context) error {
+	hi, lo := int64(uint64(p.key)>>32), int64(uint32(uint64(p.key)))
+	for {
+		p.mu.Lock()
+		if p.conn == nil {
+			p.mu.Unlock()
+			return fmt.Errorf("pgtest: pause %s released", p.point)
+		}
+		var blocked bool
+		err := p.conn.QueryRow(ctx, `SELECT EXISTS (
+		    SELECT 1 FROM pg_locks h, pg_stat_activity a
+		     WHERE h.locktype = 'advisory' AND NOT h.granted AND h.objsubid = 1
+		       AND h.classid::bigint = $1 AND h.objid::bigint = $2
+		       AND h.pid = ANY (pg_blocking_pids(a.pid)))`, hi, lo).Scan(&blocked)
+		p.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("pgtest: pause %s: %w", p.point, err)
+		}
+		if blocked {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: no call waited behind pause %s: %w", p.point, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // Release closes the holding session, which lets go of the lock.
 func (p *pause) Release() {
 	p.mu.Lock()
