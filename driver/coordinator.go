@@ -24,8 +24,10 @@ type Coordinator interface {
 	ClaimWork(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
 	// RenewLeases sets lease expiry = now+Lease for the given ids that are
-	// still unprocessed and leased to req.InstanceID (owner fencing). Ids it
-	// did not renew are returned in Lost.
+	// still unprocessed and leased to req.InstanceID with a lease that has
+	// not run out (owner fencing: a lease that ran out is lost, since a peer
+	// may hold an earlier row of its stream by then). The stream lease is
+	// extended, never shortened. Ids it did not renew are returned in Lost.
 	RenewLeases(ctx context.Context, req RenewRequest) (RenewResult, error)
 
 	// Complete marks handed-out attempts done (fenced by Ref).

@@ -91,10 +91,11 @@
 // mid-call, acks, renewals, evictions), and that the conformance suite and
 // the history checker (package conformance/history) verify:
 //
-//  1. No row of an order scope is leased while an earlier row of that scope
-//     is unprocessed and not leased with it: pending, scheduled for a retry,
-//     or leased to another instance.
-//  2. The unexpired leases of one order scope belong to one instance.
+//  1. No row of an order scope is handed out while an earlier row of that
+//     scope is unprocessed and not handed out with it: pending, scheduled
+//     for a retry, or leased (to this or another instance).
+//  2. The unexpired leases of one stream, in every category, belong to one
+//     instance.
 //  3. On one instance an item never runs twice at once, nor do two items of
 //     one scope (the pump's part: a handler that overran its lease keeps its
 //     scope busy locally until it returns).
