@@ -50,7 +50,7 @@ func (e *env) beat(id uuid.UUID, held bool) {
 	}
 }
 
-// probe is one lock-probe call: CleanupStale with the spec's cutoffs and
+// probe is one lock-probe call: CleanupStale with the default cutoffs and
 // the given LockLostAfter.
 func (e *env) probe(lost time.Duration) []uuid.UUID {
 	e.t.Helper()

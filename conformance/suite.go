@@ -20,7 +20,7 @@ import (
 	"github.com/workpump/workpump/driver"
 )
 
-// Durations the suite uses. The stale and dead cutoffs are the spec's
+// Durations the suite uses. The stale and dead cutoffs are the
 // defaults; quietCutoff is so large that no row ever reaches it, which lets a
 // case refresh an instance with RecordHeartbeat without triggering a sweep.
 const (
@@ -478,7 +478,7 @@ func (e *env) release(inst uuid.UUID, refs ...driver.Ref) driver.AckResult {
 	return res
 }
 
-// failReq is a FailRequest with the spec's backoff and room for many attempts.
+// failReq is a FailRequest with the default backoff and room for many attempts.
 func failReq(inst uuid.UUID, fs ...driver.Failure) driver.FailRequest {
 	return driver.FailRequest{InstanceID: inst, Failures: fs, MaxAttempts: 100, RetryBase: retryBase, RetryMax: retryMax}
 }

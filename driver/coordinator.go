@@ -274,7 +274,7 @@ type CleanupRequest struct {
 	// DeadAfter is the absolute bound: an instance whose last heartbeat is
 	// older is evicted whatever its lock and declared interval.
 	DeadAfter time.Duration
-	// LockLostAfter enables fast failover beyond the spec (0 disables it).
+	// LockLostAfter enables fast failover beyond the stale rule (0 disables it).
 	// An instance whose last heartbeat reported its alive-lock held, and
 	// whose lock is now gone, died with its listener session (a crash, a
 	// killed pod): there is no need to wait StaleAfter. Each CleanupStale

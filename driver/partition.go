@@ -7,7 +7,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// DefaultPartitionCount is the spec's PartitionCount.
+// DefaultPartitionCount is the partition count used when none is configured.
 const DefaultPartitionCount = 10000
 
 // PartitionOf maps a partition key (StreamID, or the row id for rows without
