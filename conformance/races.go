@@ -60,6 +60,7 @@ func raceCases() []testCase {
 			e.ackWhileARenewalIsInFlight(true)
 		}},
 		testCase{name: "Lease/RenewAfterTheLeaseRanOutIsLost", run: renewAfterExpiry},
+		testCase{name: "Lease/AckAfterTheLeaseRanOutIsLost", run: ackAfterExpiry},
 		testCase{name: "Lease/ShorterRenewalKeepsTheStreamLease", run: shorterRenewal},
 	)
 	cs = append(cs, testCase{
@@ -473,4 +474,21 @@ func shorterRenewal(e *env) {
 	}
 	e.mustBeLeased(driver.Outbox, ws[1].ID, a, e.now().Add(time.Minute), 1, "shorter renewal")
 	e.mustOwn("shorter", a, got[0].LeaseExpiry, "a shorter renewal of one row")
+}
+
+// ackAfterExpiry: Complete and Fail of an attempt whose lease ran out are
+// lost, even before anyone reclaims the row, and change nothing: a peer may
+// hold the earlier row of the stream by then, and the later row's outcome
+// must not overtake it.
+func ackAfterExpiry(e *env) {
+	a := e.instances(1)[0]
+	ws := items(driver.Outbox, "ack-expired", 2)
+	e.enqueue(ws...)
+	got := e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: time.Minute, MaxPerCategory: 10}).Work
+	e.wantIDs("a's claim", got, ws[0].ID, ws[1].ID)
+	e.advance(time.Minute + time.Second)
+	for _, op := range []string{"Complete", "Fail"} {
+		e.wantAck(op+" of an attempt whose lease ran out", e.ackCall(op, a, got[1].Ref()), 0, []driver.Ref{got[1].Ref()}, nil)
+	}
+	e.mustBeLeased(driver.Outbox, ws[1].ID, a, got[1].LeaseExpiry, 1, "acks of an attempt whose lease ran out")
 }

@@ -30,11 +30,12 @@ type Coordinator interface {
 	// extended, never shortened. Ids it did not renew are returned in Lost.
 	RenewLeases(ctx context.Context, req RenewRequest) (RenewResult, error)
 
-	// Complete marks handed-out attempts done (fenced by Ref).
+	// Complete marks handed-out attempts done (fenced by Ref and by an
+	// unexpired lease).
 	Complete(ctx context.Context, instanceID uuid.UUID, refs []Ref) (AckResult, error)
 
 	// Fail records failures: retry with backoff, or dead letter at
-	// MaxAttempts (fenced by Ref).
+	// MaxAttempts (fenced by Ref and by an unexpired lease).
 	Fail(ctx context.Context, req FailRequest) (AckResult, error)
 
 	// Release clears the leases of attempts the caller never ran and gives

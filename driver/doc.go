@@ -60,7 +60,10 @@
 // moves to the dead letters with its error instead. Release clears the lease
 // of work the caller never ran and gives back the attempt. All three are
 // fenced: a ref whose row is no longer leased to the caller with the same
-// attempt is not applied and is reported in Lost.
+// attempt is not applied and is reported in Lost. Complete and Fail also
+// refuse an attempt whose lease ran out, even before anyone reclaimed its
+// row: by then a peer may hold an earlier row of its stream, and this
+// row's outcome must not overtake that one (the row is handed out again).
 //
 // Instances. RecordHeartbeat upserts the caller's instance row with
 // last heartbeat = now (a first registration moves ranks, and stores with

@@ -309,7 +309,7 @@ func (s *Store) Complete(ctx context.Context, instanceID uuid.UUID, refs []drive
 	for _, ref := range refs {
 		c := s.cat(ref.Category)
 		r := c.rows[ref.ID]
-		if !holds(r, instanceID, ref.Attempts) {
+		if !holds(r, instanceID, ref.Attempts) || r.w.LeaseExpiry.Before(now) {
 			res.Lost = append(res.Lost, ref)
 			continue
 		}
@@ -345,7 +345,7 @@ func (s *Store) Fail(ctx context.Context, req driver.FailRequest) (driver.AckRes
 	for _, f := range req.Failures {
 		c := s.cat(f.Ref.Category)
 		r := c.rows[f.Ref.ID]
-		if !holds(r, req.InstanceID, f.Ref.Attempts) {
+		if !holds(r, req.InstanceID, f.Ref.Attempts) || r.w.LeaseExpiry.Before(now) {
 			res.Lost = append(res.Lost, f.Ref)
 			continue
 		}
