@@ -140,7 +140,7 @@ func TestFailoverPG_LockLossReclaimsWithinSeconds(t *testing.T) {
 	if took < workers.DefaultLockLostAfter {
 		t.Errorf("re-claim %v after the kill, below LockLostAfter %v", took, workers.DefaultLockLostAfter)
 	}
-	// The spec's path could not evict before StaleAfter: the victim's last
+	// The stale rule alone could not evict before StaleAfter: the victim's last
 	// heartbeat was at most seconds before the kill.
 	if took >= workers.DefaultStaleAfter {
 		t.Errorf("re-claim %v after the kill, not faster than the spec's stale cutoff %v", took, workers.DefaultStaleAfter)

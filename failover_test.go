@@ -182,7 +182,7 @@ func TestFailover_LockLossEvictionBeatsTheStaleCutoff(t *testing.T) {
 	if fast.took() < workers.DefaultLockLostAfter {
 		t.Errorf("lock-loss failover took %v, below LockLostAfter %v: the rule needs two looks LockLostAfter apart", fast.took(), workers.DefaultLockLostAfter)
 	}
-	// The spec cannot evict before the victim's heartbeat is StaleAfter old.
+	// The stale rule alone cannot evict before the victim's heartbeat is StaleAfter old.
 	if earliest := spec.lastBeat.Add(workers.DefaultStaleAfter); spec.reclaimAt.Before(earliest) {
 		t.Errorf("spec path re-claimed at %v, before the stale cutoff %v", spec.reclaimAt, earliest)
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 // Options configures a Pump. The zero value is valid: WithDefaults fills every
-// zero field with the spec's default, and Validate rejects anything else that
+// zero field with its default, and Validate rejects anything else that
 // is out of range with an error naming the option and the rule.
 type Options struct {
 	// ID is this instance's id. Zero means a new UUIDv7 (time-ordered, so
@@ -71,7 +71,7 @@ type Options struct {
 	// about Heartbeat.LockLostAfter (3 s) + Maintenance.LockProbeInterval
 	// (1 s) after its alive-lock vanished, when the store has alive-locks
 	// (driver.Listener); otherwise, and for peers that do not report their
-	// lock, once their heartbeat is older than both the spec's StaleAfter
+	// lock, once their heartbeat is older than both StaleAfter
 	// (30 s) and one and a half of the interval it declared (45 s at the
 	// default 30 s cadence), plus the time until a sweep. The declared
 	// interval keeps a peer whose held lock allows a slow cadence (60 s)
@@ -137,7 +137,7 @@ type OverrunEvent struct {
 	ContextEnded time.Time
 }
 
-// Defaults from the spec.
+// Defaults.
 const (
 	DefaultConcurrency = 16
 	DefaultMaxInFlight = 2000

@@ -33,7 +33,7 @@ func PartitionKey(streamID string, id uuid.UUID) string {
 }
 
 // RetryDelay is the backoff before retry of a row that failed on attempt
-// attempts: min(base << min(attempts, 10), max). With the spec's base 30 s
+// attempts: min(base << min(attempts, 10), max). With the default base 30 s
 // and max 300 s it gives 60, 120, 240, 300, 300, ... seconds.
 func RetryDelay(attempts int, base, max time.Duration) time.Duration {
 	if attempts < 0 {

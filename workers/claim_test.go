@@ -107,7 +107,7 @@ func (r *claimRig) claimGaps() []time.Duration { return gaps(r.claims()) }
 var tightNoSub = ClaimOptions{}
 
 func TestBackoffFormula(t *testing.T) {
-	// The spec's table, base 250 ms, max 10 s.
+	// The backoff table, base 250 ms, max 10 s.
 	for _, tc := range []struct {
 		empty int
 		want  time.Duration

@@ -18,7 +18,7 @@
 // bounds start-up work and lends its values to the worker's goroutine; its
 // cancellation does not stop the worker — Stop does, and returns once the
 // goroutine has exited. A stopped worker cannot be started again. Options
-// structs are usable from their zero value (WithDefaults fills the spec
+// structs are usable from their zero value (WithDefaults fills the
 // defaults); constructors apply WithDefaults and Validate.
 //
 // Time is measured on the local monotonic clock only (time.Now, timers);

@@ -80,7 +80,7 @@ func (f *fakeCoord) RenewLeases(ctx context.Context, req driver.RenewRequest) (d
 
 // CleanupStale records a call with LockLostAfter as "probe" (the
 // maintenance worker's lock probe) and one without as "cleanup" (its
-// backstop, the spec's sweep).
+// backstop, the stale sweep).
 func (f *fakeCoord) CleanupStale(ctx context.Context, req driver.CleanupRequest) ([]uuid.UUID, error) {
 	if req.LockLostAfter > 0 {
 		n := f.record("probe", req)

@@ -66,7 +66,7 @@ type MaintenanceStats struct {
 
 // MaintenanceWorker is the periodic backstop behind the stale sweep that
 // RecordHeartbeat runs opportunistically: every Interval it calls
-// CleanupStale with the stale and definitive-dead cutoffs (the spec's sweep,
+// CleanupStale with the stale and definitive-dead cutoffs (the stale sweep,
 // without LockLostAfter), then, when the store implements driver.Purger and
 // a purge age is set, Purge. Errors are logged and the loop goes on.
 //

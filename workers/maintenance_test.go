@@ -225,7 +225,7 @@ func TestMaintenanceNoLockLossEvictionRunsNoProbe(t *testing.T) {
 			t.Fatalf("calls %v, want only the backstop's two cleanups", k)
 		}
 		eqDurations(t, "cleanups", coord.offsets("cleanup", t0), []time.Duration{sec(60), sec(120)})
-		// ProbeOnce by hand is the spec's sweep then.
+		// ProbeOnce by hand is the stale sweep then.
 		if p := w.ProbeOnce(context.Background()); p.Err != nil {
 			t.Fatal(p.Err)
 		}

@@ -34,12 +34,12 @@ const (
 	DefaultMaintenanceInterval = time.Minute
 
 	// DefaultLockLostAfter and DefaultLockProbeInterval drive lock-loss
-	// eviction, which goes beyond the spec: a peer whose heartbeat vouched
+	// eviction, which goes beyond the stale rule: a peer whose heartbeat vouched
 	// for its alive-lock and whose lock has been gone this long is evicted
 	// without waiting for StaleAfter. Three seconds rides out a listener
 	// that reconnects (and re-takes its lock) or reports the loss in a
 	// heartbeat, and with a probe every second failover takes about four
-	// seconds (five at worst) instead of the spec's 30 s to well over a
+	// seconds (five at worst) instead of the stale rule's 30 s to well over a
 	// minute.
 	DefaultLockLostAfter     = 3 * time.Second
 	DefaultLockProbeInterval = time.Second
@@ -47,14 +47,14 @@ const (
 
 // NoLockLossEviction is the value of HeartbeatOptions.LockLostAfter and
 // MaintenanceOptions.LockLostAfter that turns lock-loss eviction off: only
-// the spec's stale and definitive-dead rules evict peers, and the
+// the stale and definitive-dead rules evict peers, and the
 // maintenance worker runs no lock probe. It is the only negative value
 // accepted.
 const NoLockLossEviction time.Duration = -1
 
 // TightPolling is the value of ClaimOptions.NotifyHealthyPollInterval that
 // keeps the tight PollInterval base even while the signal gate is healthy
-// (the spec's "null"). It is the only negative value accepted.
+// ("no relaxed base"). It is the only negative value accepted.
 const TightPolling time.Duration = -1
 
 // OptionError is returned by the Validate methods. Its message starts with
@@ -76,10 +76,10 @@ func optErr(field, format string, args ...any) error {
 	return &OptionError{Field: field, Rule: fmt.Sprintf(format, args...)}
 }
 
-// ClaimOptions configures the ClaimWorker (the spec's ClaimWorkerOptions).
-// The zero value means the spec defaults; WithDefaults fills them in.
+// ClaimOptions configures the ClaimWorker.
+// The zero value means the defaults; WithDefaults fills them in.
 type ClaimOptions struct {
-	// Disabled is the killswitch (the spec's Enabled=false): the worker never
+	// Disabled is the killswitch: the worker never
 	// claims.
 	Disabled bool
 	// PollInterval is the tight base wait between claims (default 250 ms),
@@ -92,7 +92,7 @@ type ClaimOptions struct {
 	// healthy, when it is larger (default 5 s). TightPolling keeps the tight
 	// base always.
 	NotifyHealthyPollInterval time.Duration
-	// DisableSafetyNetPoll (the spec's EnableSafetyNetPoll=false): while the
+	// DisableSafetyNetPoll: while the
 	// gate is healthy, wait only for signals. Polling resumes the moment the
 	// gate goes unavailable.
 	DisableSafetyNetPoll bool
@@ -126,7 +126,7 @@ type ClaimOptions struct {
 	SelfPollMinItems int
 }
 
-// WithDefaults returns o with every zero field set to the spec default.
+// WithDefaults returns o with every zero field set to its default.
 func (o ClaimOptions) WithDefaults() ClaimOptions {
 	if o.PollInterval == 0 {
 		o.PollInterval = DefaultPollInterval
@@ -205,10 +205,10 @@ func (s LivenessSource) String() string {
 	return fmt.Sprintf("LivenessSource(%d)", int(s))
 }
 
-// HeartbeatOptions configures the HeartbeatWorker (the spec's
-// HeartbeatWorkerOptions). The zero value means the spec defaults.
+// HeartbeatOptions configures the HeartbeatWorker. The zero
+// value means the defaults.
 type HeartbeatOptions struct {
-	// Disabled is the killswitch (the spec's Enabled=false): no heartbeats
+	// Disabled is the killswitch: no heartbeats
 	// are written, so peers see this instance stale and take its work over
 	// (graceful drain).
 	Disabled bool
@@ -239,7 +239,7 @@ type HeartbeatOptions struct {
 	LockLostAfter time.Duration
 }
 
-// WithDefaults returns o with every zero field set to the spec default.
+// WithDefaults returns o with every zero field set to its default.
 func (o HeartbeatOptions) WithDefaults() HeartbeatOptions {
 	if o.Interval == 0 {
 		o.Interval = DefaultHeartbeatInterval
@@ -300,7 +300,7 @@ func (o HeartbeatOptions) Validate() error {
 }
 
 // RenewalOptions configures the LeaseRenewalWorker: its coalescing batch
-// flusher and the lease handles. The zero value means the spec defaults.
+// flusher and the lease handles. The zero value means the defaults.
 type RenewalOptions struct {
 	// MaxBatch is the most renewal requests one flush handles (default 200).
 	MaxBatch int
@@ -326,7 +326,7 @@ type RenewalOptions struct {
 	MaxRenewalsPerWork int
 }
 
-// WithDefaults returns o with every zero field set to the spec default.
+// WithDefaults returns o with every zero field set to its default.
 func (o RenewalOptions) WithDefaults() RenewalOptions {
 	if o.MaxBatch == 0 {
 		o.MaxBatch = DefaultRenewalMaxBatch
@@ -417,7 +417,7 @@ func (o FlusherOptions) Validate() error {
 
 // MaintenanceOptions configures the MaintenanceWorker, the periodic backstop
 // behind the opportunistic sweep in RecordHeartbeat, and its lock probe. The
-// zero value means the defaults: CleanupStale every minute with the spec's
+// zero value means the defaults: CleanupStale every minute with the default
 // cutoffs, the lock probe every second with LockLostAfter 3 s, no purges.
 type MaintenanceOptions struct {
 	// Disabled turns the whole worker off: backstop, lock probe and purges.

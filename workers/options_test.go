@@ -19,7 +19,7 @@ func TestWithDefaultsEqualsSpec(t *testing.T) {
 		NotifyHealthyPollInterval: 5 * time.Second,
 		MaxStreamsPerBatch:        1000,
 		Lease:                     300 * time.Second,
-		// Beyond the spec (driver.SelfPolling stores only).
+		// Beyond the basic contract (driver.SelfPolling stores only).
 		SelfPollInterval: 2 * time.Millisecond,
 		SelfPollLinger:   50 * time.Millisecond,
 		SelfPollMinItems: 20,

@@ -48,7 +48,7 @@ func (e *pgEnv) holdAliveLock(id uuid.UUID) (release func()) {
 }
 
 // TestHalfOpen_Postgres_FakeClock pins the half-open rule down on the
-// database with the spec's cutoffs (stale 30 s, dead 5 min) and the
+// database with the default cutoffs (stale 30 s, dead 5 min) and the
 // pgxdriver Now injection: instance X holds leases, stops heartbeating, and
 // a separate session holds its alive-lock. Past StaleAfter it must not be
 // evicted (neither by a peer's heartbeat sweep nor by CleanupStale, with
