@@ -100,7 +100,7 @@ BEGIN
         v_tids := ARRAY(
             SELECT t.ctid
               FROM {{$.S}}.{{.Table}} t
-             WHERE t.{{.Key}} = ANY (p_ids) AND t.instance_id = p_instance_id AND t.lease_expiry >= v_now
+             WHERE t.{{.Key}} = ANY (p_ids) AND t.instance_id = p_instance_id AND (t.lease_expiry >= v_now) IS TRUE
              ORDER BY t.{{.Key}}
                FOR UPDATE);
         WITH up AS (
@@ -258,13 +258,13 @@ BEGIN
             UPDATE {{$.S}}.{{.Table}} t
                SET {{.Done}} = v_now, instance_id = NULL, lease_expiry = NULL
               FROM r
-             WHERE t.{{.Key}} = r.k AND t.attempts = r.att AND t.instance_id = p_instance_id AND t.lease_expiry >= v_now
+             WHERE t.{{.Key}} = r.k AND t.attempts = r.att AND t.instance_id = p_instance_id AND (t.lease_expiry >= v_now) IS TRUE
             RETURNING t.{{.Key}} AS k, t.stream_id, t.partition_number)
 {{- else}}
         d AS (
             DELETE FROM {{$.S}}.{{.Table}} t
              USING r
-             WHERE t.{{.Key}} = r.k AND t.attempts = r.att AND t.instance_id = p_instance_id AND t.lease_expiry >= v_now
+             WHERE t.{{.Key}} = r.k AND t.attempts = r.att AND t.instance_id = p_instance_id AND (t.lease_expiry >= v_now) IS TRUE
             RETURNING t.{{.Key}} AS k, t.stream_id, t.partition_number)
 {{- end}}
         SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> ''),
@@ -349,7 +349,7 @@ BEGIN
              CROSS JOIN LATERAL (
                 SELECT t.ctid AS tid, t.{{.Key}} AS k, t.attempts, t.stream_id, t.partition_number FROM {{$.S}}.{{.Table}} t
                  WHERE t.{{.Key}} = f.k AND t.attempts = f.att AND t.instance_id = p_instance_id
-                   AND t.lease_expiry >= v_now
+                   AND (t.lease_expiry >= v_now) IS TRUE
                    FOR UPDATE OF t) x)
         SELECT array_agg(lk.tid) FILTER (WHERE lk.attempts >= p_max_attempts),
                array_agg(lk.err) FILTER (WHERE lk.attempts >= p_max_attempts),
