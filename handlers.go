@@ -15,14 +15,14 @@ import (
 //
 // ctx is cancelled when the item's lease is about to expire (lease minus
 // grace, after the automatic renewals are used up or lost; cause
-// workers.ErrLeaseDeadline or driver.ErrLeaseLost) or when Stop gives up
+// ErrLeaseDeadline or ErrLeaseLost) or when Stop gives up
 // waiting (cause ErrStopped); context.Cause tells which. An error returned
 // because Stop cancelled the handler is no failure: the row is released,
 // its attempt given back. A handler that keeps running LeaseGrace past a
 // lease cancellation is reported as an overrun (Hooks.Overrun) and keeps
 // its stream blocked on this instance until it returns; one that ignores
 // Stop's cancellation for a second is abandoned (see Pump.Stop).
-// driver.DeliveryFrom(ctx) tells which attempt is running.
+// DeliveryFrom(ctx) tells which attempt is running.
 type Handler func(ctx context.Context, w Work) error
 
 // handlerKey selects a handler: a name within a category, or "" for the
@@ -43,22 +43,22 @@ type handlerTable struct {
 
 func (t *handlerTable) add(c driver.Category, name string, h Handler) error {
 	if err := c.Validate(); err != nil {
-		return fmt.Errorf("workpump: Handle: %w", err)
+		return opErr("Handle", err)
 	}
 	if h == nil {
-		return fmt.Errorf("workpump: Handle(%s, %q): %w: nil handler", c, name, driver.ErrInvalidArgument)
+		return invalid(fmt.Sprintf("Handle(%s, %q)", c, name), "nil handler")
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.frozen {
-		return fmt.Errorf("workpump: Handle(%s, %q): %w: the pump has started; register handlers before Start", c, name, driver.ErrInvalidArgument)
+		return invalid(fmt.Sprintf("Handle(%s, %q)", c, name), "the pump has started; register handlers before Start")
 	}
 	k := handlerKey{c, name}
 	if _, dup := t.m[k]; dup {
 		if name == "" {
-			return fmt.Errorf("workpump: Handle(%s, \"\"): %w: a catch-all handler for %s is already registered", c, driver.ErrInvalidArgument, c)
+			return invalid(fmt.Sprintf("Handle(%s, \"\")", c), "a catch-all handler for %s is already registered", c)
 		}
-		return fmt.Errorf("workpump: Handle(%s, %q): %w: already registered", c, name, driver.ErrInvalidArgument)
+		return invalid(fmt.Sprintf("Handle(%s, %q)", c, name), "already registered")
 	}
 	if t.m == nil {
 		t.m = make(map[handlerKey]Handler)

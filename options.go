@@ -2,7 +2,6 @@ package workpump
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,7 +31,7 @@ type Options struct {
 
 	// Categories this pump claims. Empty means every category that has a
 	// handler. A listed category without a handler fails Start.
-	Categories []driver.Category
+	Categories []Category
 
 	// Concurrency is the number of handler goroutines (default 16). Items of
 	// one stream always run one at a time, in order.
@@ -101,13 +100,13 @@ type Hooks struct {
 	// by its stale sweep.
 	HeartbeatRecorded func(evicted []uuid.UUID)
 	// Completed: an item's completion was stored.
-	Completed func(ref driver.Ref)
+	Completed func(ref Ref)
 	// Failed: an item failed; deadLettered says whether it moved to the dead
 	// letters.
-	Failed func(ref driver.Ref, err error, deadLettered bool)
+	Failed func(ref Ref, err error, deadLettered bool)
 	// LeaseLost: the store refused an ack or renewal because another instance
 	// holds the item now.
-	LeaseLost func(ref driver.Ref)
+	LeaseLost func(ref Ref)
 	// GateChanged: the signal listener went up or down.
 	GateChanged func(available bool)
 	// Evicted: a heartbeat found this instance evicted by its peers (they
@@ -127,11 +126,11 @@ type Hooks struct {
 // item) starts on this instance; its row's next attempt is reclaimed when
 // the store's lease expires, and past MaxAttempts dead-lettered.
 type OverrunEvent struct {
-	Ref      driver.Ref // the attempt still running
+	Ref      Ref // the attempt still running
 	StreamID string
 	Name     string
-	// Cause: workers.ErrLeaseDeadline (renewals capped, refused or failing)
-	// or driver.ErrLeaseLost.
+	// Cause: ErrLeaseDeadline (renewals capped, refused or failing) or
+	// ErrLeaseLost.
 	Cause error
 	// ContextEnded is when the handler's context ended, on the local clock.
 	ContextEnded time.Time
@@ -211,46 +210,58 @@ func (o Options) WithDefaults() Options {
 	return o
 }
 
-// Validate reports the first invalid option, naming it and the rule. Call it
-// on the result of WithDefaults; zero values are invalid where a default
-// would have applied.
+// Validate reports every invalid option it finds, each named with its rule,
+// in one error wrapping ErrInvalidArgument (and the sentinel of a problem
+// that has one, e.g. ErrUnknownCategory); the problems are joined by "; ".
+// Of Claim, Heartbeat, Renewal and Maintenance it names the first invalid
+// field of each; Renewal.LeaseGrace against Claim.Lease is checked once
+// everything else is valid. Call it on the result of WithDefaults: zero
+// values are invalid where a default would have applied.
 func (o Options) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if err := (driver.Instance{ID: o.ID, ServiceName: o.ServiceName, Host: o.Host, PID: o.PID, Metadata: o.Metadata}).Validate(); err != nil {
-		bad("%w", err)
+	var errs optionsError
+	// Each identity field on its own, so that every bad one is named.
+	for _, in := range []driver.Instance{
+		{ID: o.ID},
+		{ID: uuid.Max, ServiceName: o.ServiceName},
+		{ID: uuid.Max, Host: o.Host},
+		{ID: uuid.Max, PID: o.PID},
+		{ID: uuid.Max, Metadata: o.Metadata},
+	} {
+		if err := in.Validate(); err != nil {
+			errs.add("", err)
+		}
 	}
 	for i, c := range o.Categories {
 		if err := c.Validate(); err != nil {
-			bad("Categories[%d]: %w", i, err)
+			errs.add(fmt.Sprintf("Categories[%d]", i), err)
 		}
 	}
 	if o.Concurrency <= 0 {
-		bad("Concurrency: %d, want > 0", o.Concurrency)
+		errs.addf("Concurrency: %d, want > 0", o.Concurrency)
 	}
 	if o.MaxInFlight < o.Concurrency {
-		bad("MaxInFlight: %d is below Concurrency %d", o.MaxInFlight, o.Concurrency)
+		errs.addf("MaxInFlight: %d is below Concurrency %d", o.MaxInFlight, o.Concurrency)
 	}
 	if o.MaxAttempts <= 0 {
-		bad("MaxAttempts: %d, want > 0", o.MaxAttempts)
+		errs.addf("MaxAttempts: %d, want > 0", o.MaxAttempts)
 	}
 	if o.MaxAttempts > driver.MaxCount {
-		bad("MaxAttempts: %d is above driver.MaxCount %d", o.MaxAttempts, driver.MaxCount)
+		errs.addf("MaxAttempts: %d is above driver.MaxCount %d", o.MaxAttempts, driver.MaxCount)
 	}
 	if o.RetryBase <= 0 {
-		bad("RetryBase: %v, want > 0", o.RetryBase)
+		errs.addf("RetryBase: %v, want > 0", o.RetryBase)
 	}
 	if o.RetryMax < o.RetryBase {
-		bad("RetryMax: %v is below RetryBase %v", o.RetryMax, o.RetryBase)
+		errs.addf("RetryMax: %v is below RetryBase %v", o.RetryMax, o.RetryBase)
 	}
 	if o.AckBatch <= 0 {
-		bad("AckBatch: %d, want > 0", o.AckBatch)
+		errs.addf("AckBatch: %d, want > 0", o.AckBatch)
 	}
 	if o.AckWindow <= 0 {
-		bad("AckWindow: %v, want > 0", o.AckWindow)
+		errs.addf("AckWindow: %v, want > 0", o.AckWindow)
 	}
 	if o.StopTimeout <= 0 {
-		bad("StopTimeout: %v, want > 0", o.StopTimeout)
+		errs.addf("StopTimeout: %v, want > 0", o.StopTimeout)
 	}
 	for _, sub := range []struct {
 		name string
@@ -262,14 +273,16 @@ func (o Options) Validate() error {
 		{"Maintenance", o.Maintenance.Validate()},
 	} {
 		if sub.err != nil {
-			bad("%s.%w", sub.name, sub.err)
+			// The workers' errors start with their field name.
+			errs.problems = append(errs.problems, sub.err)
+			errs.texts = append(errs.texts, sub.name+"."+sub.err.Error())
 		}
 	}
-	if len(errs) == 0 && o.Renewal.LeaseGrace >= o.Claim.Lease {
-		bad("Renewal.LeaseGrace: %v, want below Claim.Lease %v (handlers would be cancelled at once)", o.Renewal.LeaseGrace, o.Claim.Lease)
+	if len(errs.problems) == 0 && o.Renewal.LeaseGrace >= o.Claim.Lease {
+		errs.addf("Renewal.LeaseGrace: %v, want below Claim.Lease %v (handlers would be cancelled at once)", o.Renewal.LeaseGrace, o.Claim.Lease)
 	}
-	if len(errs) == 0 {
+	if len(errs.problems) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: options: %w", driver.ErrInvalidArgument, errors.Join(errs...))
+	return &errs
 }

@@ -1,7 +1,7 @@
 // Package workpump moves durable work out of a store (Postgres, or memory in
 // tests) into application handlers, across many processes.
 //
-// A Pump runs on one driver.Coordinator: it registers the instance with a
+// A Pump runs on one Coordinator (a driver): it registers the instance with a
 // heartbeat, claims leased batches, runs handlers with bounded concurrency
 // while keeping each stream's items in order, renews leases of long
 // handlers, completes or fails items in coalesced batches, and on Stop
@@ -26,10 +26,6 @@ import (
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/workers"
 )
-
-// ErrStopped is returned by Start after Stop. It is also the cause of a
-// handler's context that Stop cancelled.
-var ErrStopped = errors.New("workpump: pump stopped")
 
 // flushTimeout bounds the final flush of acks and the deregister at Stop
 // when the caller's context has already run out: they are what lets peers
@@ -90,13 +86,13 @@ type Stats struct {
 
 // New returns a pump over coord. It applies opts.WithDefaults and validates
 // the result; nothing runs until Start.
-func New(coord driver.Coordinator, opts Options) (*Pump, error) {
+func New(coord Coordinator, opts Options) (*Pump, error) {
 	if coord == nil {
-		return nil, fmt.Errorf("workpump: New: %w: coordinator is nil", driver.ErrInvalidArgument)
+		return nil, invalid("New", "coordinator is nil")
 	}
 	opts = opts.WithDefaults()
 	if err := opts.Validate(); err != nil {
-		return nil, err
+		return nil, opErr("New", err)
 	}
 	return &Pump{coord: coord, opts: opts, log: opts.Logger}, nil
 }
@@ -110,21 +106,26 @@ func (p *Pump) Options() Options { return p.opts }
 // Handle registers h for the items of category c whose Name is name, or for
 // every item of c without a more specific handler when name is "". Register
 // before Start.
-func (p *Pump) Handle(c driver.Category, name string, h Handler) error {
+func (p *Pump) Handle(c Category, name string, h Handler) error {
 	return p.handlers.add(c, name, h)
 }
 
 // Enqueue stores items outside any transaction of the caller. To enqueue
 // inside a business transaction, use the driver's EnqueueTx.
-func (p *Pump) Enqueue(ctx context.Context, items ...driver.NewWork) ([]uuid.UUID, error) {
+func (p *Pump) Enqueue(ctx context.Context, items ...NewWork) ([]uuid.UUID, error) {
 	return p.coord.Enqueue(ctx, items)
 }
 
 // Start checks the set-up and starts the workers: the heartbeat (which
 // registers the instance before the first claim), lease renewal, the
 // dispatcher, maintenance, and last the claim loop. It returns an error at
-// once when a claimed category has no handler or the store's schema is not
-// installed. Start is idempotent; after Stop it returns ErrStopped.
+// once when a claimed category has no handler, when the store's schema
+// records another partition count (ErrSchemaMismatch) or when another
+// process runs under this instance id (ErrInstanceIDInUse). A schema that is
+// not installed yet (ErrSchemaNotReady) fails Start only with
+// Claim.FailOnSchemaNotReady; by default the pump starts and claims nothing
+// until the schema is ready, checking again with backoff. Start is
+// idempotent; after Stop it returns ErrStopped.
 func (p *Pump) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -139,10 +140,8 @@ func (p *Pump) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if sc, ok := p.coord.(driver.SchemaChecker); ok {
-		if err := sc.CheckSchema(ctx); err != nil {
-			return fmt.Errorf("workpump: Start: %w", err)
-		}
+	if err := p.checkSchema(ctx); err != nil {
+		return err
 	}
 	if err := p.build(ctx, cats); err != nil {
 		p.teardown(ctx)
@@ -153,18 +152,41 @@ func (p *Pump) Start(ctx context.Context) error {
 	return nil
 }
 
-func (p *Pump) claimedCategories() ([]driver.Category, error) {
+// checkSchema runs the store's schema check (driver.SchemaChecker). A
+// schema that is not installed yet fails Start only with
+// Claim.FailOnSchemaNotReady; otherwise the pump starts and its claim loop
+// waits, checking again with backoff, until the schema is ready. Any other
+// error fails Start: a schema recording another partition count
+// (ErrSchemaMismatch) would break per-stream order silently, and a store
+// that cannot be reached is better reported at once.
+func (p *Pump) checkSchema(ctx context.Context) error {
+	sc, ok := p.coord.(driver.SchemaChecker)
+	if !ok {
+		return nil
+	}
+	err := sc.CheckSchema(ctx)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrSchemaNotReady) && !p.opts.Claim.FailOnSchemaNotReady {
+		p.log.Warn("store schema not ready; the pump starts and claims once it is installed", "error", err)
+		return nil
+	}
+	return opErr("Start", err)
+}
+
+func (p *Pump) claimedCategories() ([]Category, error) {
 	cats := p.opts.Categories
 	if len(cats) == 0 {
 		cats = p.handlers.categories()
 		if len(cats) == 0 {
-			return nil, fmt.Errorf("workpump: Start: %w: no handlers registered (call Pump.Handle before Start)", driver.ErrInvalidArgument)
+			return nil, invalid("Start", "no handlers registered (call Pump.Handle before Start)")
 		}
 		return cats, nil
 	}
 	for _, c := range cats {
 		if !p.handlers.hasAny(c) {
-			return nil, fmt.Errorf("workpump: Start: %w: category %s is claimed (Options.Categories) but has no handler", driver.ErrInvalidArgument, c)
+			return nil, invalid("Start", "category %s is claimed (Options.Categories) but has no handler", c)
 		}
 	}
 	return (driver.ClaimRequest{Categories: cats}).CategoriesOrAll(), nil
@@ -181,7 +203,7 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 		if errors.Is(err, driver.ErrInstanceIDInUse) {
 			// Another live process runs under this id: two processes
 			// would claim as one instance, so this one does not start.
-			return fmt.Errorf("workpump: Start: %w", err)
+			return opErr("Start", err)
 		}
 		if err != nil {
 			// Polling covers for a missing listener; the pump still runs.
