@@ -25,12 +25,12 @@ import (
 func TestClaimGate_AgreesWithTheFunction(t *testing.T) {
 	ctx := context.Background()
 	c := newTestCoordinator(t, false, nil, 0)
-	schema := c.opts.Schema
+	schema := c.Schema()
 	inst := uuid.Must(uuid.NewV7())
 	register(t, c, inst)
 	claimSQL := pgcall.Claim.SQL(schema, pgcall.Dollar)
 	var dbNow time.Time
-	if err := c.pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow); err != nil {
+	if err := c.Pool().QueryRow(ctx, "SELECT now()").Scan(&dbNow); err != nil {
 		t.Fatal(err)
 	}
 	all := pgcall.CategoryNames(driver.ClaimRequest{})
@@ -42,10 +42,10 @@ func TestClaimGate_AgreesWithTheFunction(t *testing.T) {
 		t.Helper()
 		var open bool
 		gateSQL := "SELECT " + migrations.ClaimableSQL(schema, "$1::uuid", "$2::timestamptz", cats...)
-		if err := c.pool.QueryRow(ctx, gateSQL, id, at).Scan(&open); err != nil {
+		if err := c.Pool().QueryRow(ctx, gateSQL, id, at).Scan(&open); err != nil {
 			t.Fatalf("%s: gate: %v", step, err)
 		}
-		tx, err := c.pool.Begin(ctx)
+		tx, err := c.Pool().Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +101,7 @@ func TestClaimGate_AgreesWithTheFunction(t *testing.T) {
 		check(step("lease expired, category not asked for"), inst, others, res.Work[0].LeaseExpiry.Add(time.Second), false)
 
 		// The next category starts from idle queues.
-		if _, err := c.pool.Exec(ctx, `DELETE FROM "`+schema+`".`+migrations.Table(string(cat))); err != nil {
+		if _, err := c.Pool().Exec(ctx, `DELETE FROM "`+schema+`".`+migrations.Table(string(cat))); err != nil {
 			t.Fatal(err)
 		}
 		check(step("deleted"), inst, all, dbNow.Add(2*time.Hour), false)
@@ -119,18 +119,18 @@ func TestGatedClaim_IdleClaimNeverStartsTheFunction(t *testing.T) {
 	c := newTestCoordinator(t, false, nil, 0)
 	inst := uuid.Must(uuid.NewV7())
 	register(t, c, inst)
-	if q := c.sql.claimSQL(driver.Categories); !strings.Contains(q, " WHERE ") {
+	if q := claimSQL(c, driver.Categories); !strings.Contains(q, " WHERE ") {
 		t.Fatalf("claim statement in CacheStatement mode has no gate: %s", q)
 	}
-	simple := mustNew(t, newTestCoordinator(t, true, nil, 0).pool, Options{Schema: c.opts.Schema})
-	if q := simple.sql.claimSQL(driver.Categories); strings.Contains(q, " WHERE ") {
+	simple := mustNew(t, newTestCoordinator(t, true, nil, 0).pool, Options{Schema: c.Schema()})
+	if q := claimSQL(simple, driver.Categories); strings.Contains(q, " WHERE ") {
 		t.Fatalf("claim statement in simple-protocol mode is gated: %s", q)
 	}
 
 	loops := func() float64 {
 		t.Helper()
 		var plan []map[string]any
-		if err := c.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+c.sql.claimSQL(driver.Categories),
+		if err := c.Pool().QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+claimSQL(c, driver.Categories),
 			inst, pgcall.CategoryNames(driver.ClaimRequest{}), int64(time.Minute), int32(10), nil).Scan(&plan); err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func TestGatedClaim_IdleClaimNeverStartsTheFunction(t *testing.T) {
 func TestGatedClaim_PlanIsCachedForEveryCategorySet(t *testing.T) {
 	ctx := context.Background()
 	base := newTestCoordinator(t, false, nil, 0)
-	c := mustNew(t, newPool(t, pgx.QueryExecModeCacheStatement, 1), Options{Schema: base.opts.Schema})
+	c := mustNew(t, newPool(t, pgx.QueryExecModeCacheStatement, 1), Options{Schema: base.Schema()})
 	inst := uuid.Must(uuid.NewV7())
 	register(t, c, inst)
 	for _, cats := range [][]driver.Category{{driver.Outbox}, {driver.Inbox, driver.Receptor}, nil} {
@@ -187,8 +187,8 @@ func TestGatedClaim_PlanIsCachedForEveryCategorySet(t *testing.T) {
 			}
 		}
 		var generic, custom int64
-		if err := c.pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
-			c.sql.claimSQL(req.CategoriesOrAll())).Scan(&generic, &custom); err != nil {
+		if err := c.Pool().QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
+			claimSQL(c, req.CategoriesOrAll())).Scan(&generic, &custom); err != nil {
 			t.Fatalf("the claim of %v is not a prepared statement of the session: %v", cats, err)
 		}
 		if generic < 6 {

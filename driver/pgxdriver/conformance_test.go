@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/workpump/workpump/conformance"
+	"github.com/workpump/workpump/internal/pgfault"
 	"github.com/workpump/workpump/internal/pgtest"
 	"go.uber.org/goleak"
 )
@@ -45,9 +46,9 @@ func (h harness) Capabilities() conformance.Capabilities {
 func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
 	c := newTestCoordinator(t, h.simple, cfg.Now, cfg.PartitionCount)
 	if h.copyAll {
-		c.opts.EnqueueCopyThreshold = 1
+		c = reopen(t, c, func(o *Options) { o.EnqueueCopyThreshold = 1 })
 	}
-	st := conformance.Store{Coordinator: c, Pauses: pgtest.Pauser{T: t, Schema: c.opts.Schema}}
+	st := conformance.Store{Coordinator: c, Pauses: pgtest.Pauser{T: t, Schema: c.Schema()}}
 	if !h.simple {
 		st.Faults = &faults{t: t, c: c}
 	}
@@ -97,7 +98,7 @@ type faults struct {
 // KillListener terminates the instance's listener backend with
 // pg_terminate_backend and keeps it from reconnecting, as a crashed process.
 func (f *faults) KillListener(id uuid.UUID) error {
-	n, err := f.c.crashListeners(context.Background(), id)
+	n, err := pgfault.CrashListeners(f.c.Core, context.Background(), id)
 	if err != nil {
 		return err
 	}
@@ -110,12 +111,12 @@ func (f *faults) KillListener(id uuid.UUID) error {
 // InterruptListener terminates the instance's listener backend as a network
 // blip would: the process lives on, so the subscription reconnects.
 func (f *faults) InterruptListener(id uuid.UUID) error {
-	pids := f.c.listenerPIDs(id)
+	pids := pgfault.ListenerPIDs(f.c.Core, id)
 	if len(pids) == 0 {
 		return errors.New("InterruptListener: the instance has no connected listener")
 	}
 	for _, pid := range pids {
-		if err := terminateBackend(context.Background(), f.c.pool, pid); err != nil {
+		if err := pgfault.TerminateBackend(f.c.Core, context.Background(), pid); err != nil {
 			return err
 		}
 	}
@@ -131,12 +132,12 @@ func (f *faults) HoldAliveLock(id uuid.UUID) (func(), error) {
 
 func holdAliveLock(t testing.TB, c *Coordinator, id uuid.UUID) (func(), error) {
 	ctx := context.Background()
-	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
+	conn, err := pgx.ConnectConfig(ctx, c.Pool().Config().ConnConfig.Copy())
 	if err != nil {
 		return nil, err
 	}
 	var held bool
-	if err := conn.QueryRow(ctx, c.sql.tryLock, id).Scan(&held); err != nil {
+	if err := conn.QueryRow(ctx, stmt(c, "tryLock"), id).Scan(&held); err != nil {
 		_ = conn.Close(ctx)
 		return nil, err
 	}
@@ -147,7 +148,7 @@ func holdAliveLock(t testing.TB, c *Coordinator, id uuid.UUID) (func(), error) {
 	} else {
 		go func() {
 			defer close(waited)
-			_, _ = conn.Exec(waitCtx, `SELECT pg_advisory_lock(`+`"`+c.opts.Schema+`"`+`.wp_alive_lock_key($1::uuid))`, id)
+			_, _ = conn.Exec(waitCtx, `SELECT pg_advisory_lock(`+`"`+c.Schema()+`"`+`.wp_alive_lock_key($1::uuid))`, id)
 		}()
 	}
 	var once sync.Once
@@ -156,7 +157,7 @@ func holdAliveLock(t testing.TB, c *Coordinator, id uuid.UUID) (func(), error) {
 			cancelWait()
 			<-waited
 			if !conn.IsClosed() {
-				if _, err := conn.Exec(ctx, c.sql.unlock, id); err != nil {
+				if _, err := conn.Exec(ctx, stmt(c, "unlock"), id); err != nil {
 					t.Logf("HoldAliveLock release: unlock: %v", err)
 				}
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/workpump/workpump"
 	"github.com/workpump/workpump/driver"
 	injected "github.com/workpump/workpump/internal/faults"
+	"github.com/workpump/workpump/internal/pgfault"
 	"github.com/workpump/workpump/workers"
 )
 
@@ -115,7 +116,7 @@ func TestLockLossFailoverTerminatedListener(t *testing.T) {
 
 	view.Cut()
 	killAt := time.Now()
-	if n, err := c.crashListeners(context.Background(), victim); err != nil || n != 1 {
+	if n, err := pgfault.CrashListeners(c.Core, context.Background(), victim); err != nil || n != 1 {
 		t.Fatalf("terminating the victim's listener: %d backends, %v", n, err)
 	}
 	waitReal(t, time.Minute, "the survivor handling the victim's items", func() bool {

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/workpump/workpump/conformance"
 	"github.com/workpump/workpump/driver"
-	"github.com/workpump/workpump/internal/pgcall"
 )
 
 // TestPerfReport measures the hot paths against the test database and logs
@@ -43,7 +42,7 @@ func TestPerfReport(t *testing.T) {
 		for i := range n {
 			start := time.Now()
 			var one int
-			if err := c.pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+			if err := c.Pool().QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
 				t.Fatal(err)
 			}
 			mid := time.Now()
@@ -163,7 +162,7 @@ func TestPerfReport(t *testing.T) {
 			// drained rows' dead index entries until (auto)vacuum removes
 			// them; then the probes are a few page reads again.
 			idleAfter("right after the drain")
-			if _, err := bc.pool.Exec(ctx, "VACUUM "+pgx.Identifier{bc.opts.Schema, "wp_inbox"}.Sanitize()); err != nil {
+			if _, err := bc.pool.Exec(ctx, "VACUUM "+pgx.Identifier{bc.Schema(), "wp_inbox"}.Sanitize()); err != nil {
 				t.Fatal(err)
 			}
 			idleAfter("after VACUUM")
@@ -298,7 +297,7 @@ func completeAll(t *testing.T, c *Coordinator, inst uuid.UUID, work []driver.Wor
 func claimPlan(t *testing.T, c *Coordinator, inst uuid.UUID) string {
 	t.Helper()
 	ctx := context.Background()
-	cfg := c.pool.Config().ConnConfig.Copy()
+	cfg := c.Pool().Config().ConnConfig.Copy()
 	var notices []string
 	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
 	conn, err := pgx.ConnectConfig(ctx, cfg)
@@ -317,7 +316,7 @@ func claimPlan(t *testing.T, c *Coordinator, inst uuid.UUID) string {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	rows, err := tx.Query(ctx, c.sql.claim, inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(1000), c.nowArg())
+	rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(1000), nowArg(c))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +350,7 @@ func BenchmarkEnqueuePaths(b *testing.B) {
 		}{{"insert", -1}, {"copy", 1}} {
 			b.Run(fmt.Sprintf("%d/%s", size, path.name), func(b *testing.B) {
 				c := newTestCoordinator(b, false, nil, 0)
-				c.opts.EnqueueCopyThreshold = pgcall.CopyThreshold(path.threshold)
+				c = reopen(b, c, func(o *Options) { o.EnqueueCopyThreshold = path.threshold })
 				batch := make([]driver.NewWork, size)
 				for i := range batch {
 					batch[i] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", i%10000), Name: "bench", Payload: make([]byte, 64)}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/pgfault"
 	"github.com/workpump/workpump/internal/pgtest"
 	"github.com/workpump/workpump/migrations"
 )
@@ -96,15 +97,15 @@ func waitSignal(t testing.TB, sub driver.Subscription, match func(driver.Signal)
 // and its subscription (closed when the test ends).
 func listening(t testing.TB) (*Coordinator, uuid.UUID, driver.Subscription) {
 	t.Helper()
-	return listeningWith(t, func(*Coordinator) {})
+	return listeningWith(t, func(c *Coordinator) *Coordinator { return c })
 }
 
 // listeningWith is listening with setup applied to the coordinator before
 // its listener starts (which reads the options from then on).
-func listeningWith(t testing.TB, setup func(*Coordinator)) (*Coordinator, uuid.UUID, driver.Subscription) {
+func listeningWith(t testing.TB, setup func(*Coordinator) *Coordinator) (*Coordinator, uuid.UUID, driver.Subscription) {
 	t.Helper()
 	c := newTestCoordinator(t, false, nil, 0)
-	setup(c)
+	c = setup(c)
 	a := uuid.Must(uuid.NewV7())
 	register(t, c, a)
 	sub, err := c.Listen(context.Background(), a)
@@ -163,8 +164,8 @@ func TestNewValidatesOptions(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New with defaults: %v", err)
 	}
-	if c.Schema() != "public" || c.opts.PartitionCount != driver.DefaultPartitionCount || c.listenCfg == nil {
-		t.Fatalf("defaults: schema %q partitions %d listener %v", c.Schema(), c.opts.PartitionCount, c.listenCfg != nil)
+	if c.Schema() != "public" || c.Options().PartitionCount != driver.DefaultPartitionCount || !signalsOn(c) {
+		t.Fatalf("defaults: schema %q partitions %d listener %v", c.Schema(), c.Options().PartitionCount, signalsOn(c))
 	}
 }
 
@@ -176,7 +177,7 @@ func TestSimpleProtocolDisablesListenerWithoutDSN(t *testing.T) {
 	}
 	defer pool.Close()
 	c := mustNew(t, pool, Options{Schema: "unused"})
-	if c.listenCfg != nil {
+	if signalsOn(c) {
 		t.Fatal("simple-protocol pool without ListenerConnString: listener enabled")
 	}
 	sub, err := c.Listen(context.Background(), uuid.New())
@@ -193,7 +194,7 @@ func TestSimpleProtocolDisablesListenerWithoutDSN(t *testing.T) {
 		t.Fatal("closed subscription delivered a signal")
 	}
 	c = mustNew(t, pool, Options{Schema: "unused", ListenerConnString: pgtest.URL(t)})
-	if c.listenCfg == nil {
+	if !signalsOn(c) {
 		t.Fatal("ListenerConnString given: listener still disabled")
 	}
 }
@@ -486,18 +487,18 @@ func TestAliveLockKeyAndEviction(t *testing.T) {
 	// hashtextextended('workpump:<schema>:alive:<uuid>', 0), split into
 	// classid (high 32 bits) and objid (low 32 bits), objsubid 1.
 	var pid int32
-	err = c.pool.QueryRow(ctx, `SELECT l.pid FROM pg_locks l, (SELECT hashtextextended($1, 0) AS k) x
+	err = c.Pool().QueryRow(ctx, `SELECT l.pid FROM pg_locks l, (SELECT hashtextextended($1, 0) AS k) x
 		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 		  AND l.classid = ((x.k >> 32) & 4294967295)::oid AND l.objid = (x.k & 4294967295)::oid`,
 		"workpump:"+c.Schema()+":alive:"+b.String()).Scan(&pid)
 	if err != nil {
 		t.Fatalf("alive-lock not found in pg_locks under the documented key: %v", err)
 	}
-	if pids := c.listenerPIDs(b); len(pids) != 1 || int32(pids[0]) != pid {
+	if pids := pgfault.ListenerPIDs(c.Core, b); len(pids) != 1 || int32(pids[0]) != pid {
 		t.Fatalf("lock held by backend %d, listener backends %v", pid, pids)
 	}
 	var app string
-	if err := c.pool.QueryRow(ctx, `SELECT application_name FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&app); err != nil || app != listenerAppName {
+	if err := c.Pool().QueryRow(ctx, `SELECT application_name FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&app); err != nil || app != "workpump-listener" {
 		t.Fatalf("listener application_name = %q (%v)", app, err)
 	}
 	cleanup := func() []uuid.UUID {
@@ -524,11 +525,11 @@ func TestAliveLockKeyAndEviction(t *testing.T) {
 func TestListenerReconnects(t *testing.T) {
 	c, a, sub := listening(t)
 	ctx := context.Background()
-	pids := c.listenerPIDs(a)
+	pids := pgfault.ListenerPIDs(c.Core, a)
 	if len(pids) != 1 {
 		t.Fatalf("listener backends %v", pids)
 	}
-	if err := terminateBackend(ctx, c.pool, pids[0]); err != nil {
+	if err := pgfault.TerminateBackend(c.Core, ctx, pids[0]); err != nil {
 		t.Fatal(err)
 	}
 	waitSignal(t, sub, func(s driver.Signal) bool { return s.Kind == driver.SignalGateUnavailable }, "gate unavailable")
@@ -536,7 +537,7 @@ func TestListenerReconnects(t *testing.T) {
 	if !sub.Available() || !sub.AliveLockHeld() {
 		t.Fatalf("after reconnect: available=%v lock=%v", sub.Available(), sub.AliveLockHeld())
 	}
-	if p := c.listenerPIDs(a); len(p) != 1 || p[0] == pids[0] {
+	if p := pgfault.ListenerPIDs(c.Core, a); len(p) != 1 || p[0] == pids[0] {
 		t.Fatalf("listener backend after reconnect %v (was %d)", p, pids[0])
 	}
 	if _, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.Inbox, Name: "h"}}); err != nil {
@@ -562,7 +563,7 @@ func TestListenerRefusesHeldLockThenWaitsAfterReconnect(t *testing.T) {
 	if !errors.Is(err, driver.ErrInstanceIDInUse) || !strings.Contains(err.Error(), a.String()) || sub != nil {
 		t.Fatalf("Listen while another session holds the lock: %v, %v; want ErrInstanceIDInUse naming %s and no subscription", sub, err, a)
 	}
-	if pids := c.listenerPIDs(a); len(pids) != 0 {
+	if pids := pgfault.ListenerPIDs(c.Core, a); len(pids) != 0 {
 		t.Fatalf("the refused Listen left listener connections %v", pids)
 	}
 	release()
@@ -583,13 +584,13 @@ func TestListenerRefusesHeldLockThenWaitsAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer release()
-	key := `"` + c.opts.Schema + `".wp_alive_lock_key($1::uuid)`
+	key := `"` + c.Schema() + `".wp_alive_lock_key($1::uuid)`
 	waitingSQL := `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
 		AND classid = ((` + key + ` >> 32) & 4294967295)::oid AND objid = (` + key + ` & 4294967295)::oid`
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var n int
-		if err := c.pool.QueryRow(ctx, waitingSQL, a).Scan(&n); err != nil {
+		if err := c.Pool().QueryRow(ctx, waitingSQL, a).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 1 {
@@ -600,11 +601,11 @@ func TestListenerRefusesHeldLockThenWaitsAfterReconnect(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	pids := c.listenerPIDs(a)
+	pids := pgfault.ListenerPIDs(c.Core, a)
 	if len(pids) != 1 {
 		t.Fatalf("listener pids %v", pids)
 	}
-	if err := terminateBackend(ctx, c.pool, pids[0]); err != nil {
+	if err := pgfault.TerminateBackend(c.Core, ctx, pids[0]); err != nil {
 		t.Fatal(err)
 	}
 	waitSignal(t, sub, func(s driver.Signal) bool { return s.Kind == driver.SignalGateAvailable }, "the reconnect")
@@ -648,20 +649,20 @@ func TestSimpleProtocolListenerWithDirectDSN(t *testing.T) {
 
 // enqueuePaths runs f for both ways of writing a batch of new items: the
 // INSERT of wp_enqueue and COPY (EnqueueCopyThreshold).
-func enqueuePaths(t *testing.T, f func(t *testing.T, useCopy func(*Coordinator))) {
-	t.Run("insert", func(t *testing.T) { f(t, func(*Coordinator) {}) })
-	t.Run("copy", func(t *testing.T) { f(t, func(c *Coordinator) { c.opts.EnqueueCopyThreshold = 1 }) })
+func enqueuePaths(t *testing.T, f func(t *testing.T, useCopy func(*Coordinator) *Coordinator)) {
+	t.Run("insert", func(t *testing.T) { f(t, func(c *Coordinator) *Coordinator { return c }) })
+	t.Run("copy", func(t *testing.T) { f(t, func(c *Coordinator) *Coordinator { return reopen(t, c, func(o *Options) { o.EnqueueCopyThreshold = 1 }) }) })
 }
 
 // TestEnqueueTx: rows and their NOTIFY become visible only at commit; a
 // rollback leaves nothing behind.
 func TestEnqueueTx(t *testing.T) { enqueuePaths(t, testEnqueueTx) }
 
-func testEnqueueTx(t *testing.T, useCopy func(*Coordinator)) {
+func testEnqueueTx(t *testing.T, useCopy func(*Coordinator) *Coordinator) {
 	c, a, sub := listeningWith(t, useCopy)
 	ctx := context.Background()
 
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -682,7 +683,7 @@ func testEnqueueTx(t *testing.T, useCopy func(*Coordinator)) {
 		t.Fatalf("after commit claimed %v, want %v", got, ids)
 	}
 
-	tx, err = c.pool.Begin(ctx)
+	tx, err = c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -708,9 +709,9 @@ func testEnqueueTx(t *testing.T, useCopy func(*Coordinator)) {
 // and the committed order is the seq order.
 func TestOpenEnqueueHoldsItsStream(t *testing.T) { enqueuePaths(t, testOpenEnqueueHoldsItsStream) }
 
-func testOpenEnqueueHoldsItsStream(t *testing.T, useCopy func(*Coordinator)) {
+func testOpenEnqueueHoldsItsStream(t *testing.T, useCopy func(*Coordinator) *Coordinator) {
 	c := newTestCoordinator(t, false, nil, 0)
-	useCopy(c)
+	c = useCopy(c)
 	ctx := context.Background()
 	a := uuid.Must(uuid.NewV7())
 	register(t, c, a)
@@ -718,7 +719,7 @@ func testOpenEnqueueHoldsItsStream(t *testing.T, useCopy func(*Coordinator)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx1, err := c.pool.Begin(ctx)
+	tx1, err := c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -780,7 +781,7 @@ func TestCompleteTx(t *testing.T) {
 	if len(ws) != 2 {
 		t.Fatalf("claimed %d", len(ws))
 	}
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -807,7 +808,7 @@ func TestCompleteTx(t *testing.T) {
 	// CompleteDeliveryTx reads the pump's delivery from the handler context.
 	d := &driver.Delivery{InstanceID: a, Work: ws[0]}
 	hctx := driver.WithDelivery(ctx, d)
-	tx, err = c.pool.Begin(ctx)
+	tx, err = c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -823,7 +824,7 @@ func TestCompleteTx(t *testing.T) {
 	if _, ok, _ := c.GetWork(ctx, driver.Outbox, ws[0].ID); ok {
 		t.Fatal("committed completion left the row")
 	}
-	tx, err = c.pool.Begin(ctx)
+	tx, err = c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -885,34 +886,6 @@ func TestMigrateHelper(t *testing.T) {
 	}
 }
 
-// TestAcksCommitAsynchronouslyUnlessAsked: the pump's own acknowledgement
-// calls carry the transaction-local synchronous_commit = off, the claim and
-// the in-transaction completion do not, and SynchronousAcks turns it off.
-func TestAcksCommitAsynchronouslyUnlessAsked(t *testing.T) {
-	const async = "set_config('synchronous_commit', 'off', true)"
-	st := newStatements("s", false, false, true)
-	for name, text := range map[string]string{"complete": st.complete, "fail": st.fail, "release": st.release, "renew": st.renew} {
-		if !strings.Contains(text, async) {
-			t.Errorf("%s = %s, want an async commit", name, text)
-		}
-	}
-	texts := map[string]string{"claim": st.claim, "completeInTx": st.completeInTx, "enqueue": st.enqueue, "heartbeat": st.heartbeat}
-	for mask, text := range st.gatedClaims[1:] {
-		texts[fmt.Sprintf("gated claim %d", mask+1)] = text
-	}
-	for name, text := range texts {
-		if strings.Contains(text, "synchronous_commit") {
-			t.Errorf("%s = %s, want the caller's commit mode", name, text)
-		}
-	}
-	sync := newStatements("s", true, false, true)
-	for name, text := range map[string]string{"complete": sync.complete, "fail": sync.fail, "release": sync.release, "renew": sync.renew} {
-		if strings.Contains(text, "synchronous_commit") {
-			t.Errorf("SynchronousAcks: %s = %s, want a plain call", name, text)
-		}
-	}
-}
-
 // TestAsynchronousClaims: with AsynchronousClaims the claim statement leaves
 // its transaction committing with synchronous_commit = off (observed in the
 // transaction it ran in), without it the session's setting stands, and in
@@ -921,7 +894,7 @@ func TestAsynchronousClaims(t *testing.T) {
 	ctx := context.Background()
 	for _, asyncClaims := range []bool{false, true} {
 		base := newTestCoordinator(t, false, nil, 0)
-		c := mustNew(t, base.pool, Options{Schema: base.opts.Schema, AsynchronousClaims: asyncClaims})
+		c := mustNew(t, base.Pool(), Options{Schema: base.Schema(), AsynchronousClaims: asyncClaims})
 		inst := uuid.Must(uuid.NewV7())
 		register(t, c, inst)
 		ids, err := c.Enqueue(ctx, []driver.NewWork{outbox("a"), outbox("a"), outbox("")})
@@ -930,11 +903,11 @@ func TestAsynchronousClaims(t *testing.T) {
 		}
 
 		// The statement's own effect on its transaction.
-		tx, err := c.pool.Begin(ctx)
+		tx, err := c.Pool().Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rows, err := tx.Query(ctx, c.sql.claim, inst, []string{"outbox"}, int64(time.Minute), 1, c.nowArg())
+		rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{"outbox"}, int64(time.Minute), 1, nowArg(c))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -977,9 +950,9 @@ func TestEnqueueNewIDsSkipsOnlyTheDuplicateCheck(t *testing.T) {
 	fresh := uuid.Must(uuid.NewV7())
 	call := func(newIDs bool) (int, error) {
 		var n int
-		err := c.pool.QueryRow(ctx, c.sql.enqueue, []string{"inbox", "inbox"}, []string{fresh.String(), dup.String()},
+		err := c.Pool().QueryRow(ctx, stmt(c, "enqueue"), []string{"inbox", "inbox"}, []string{fresh.String(), dup.String()},
 			[]string{"s", "s"}, []int32{1, 1}, []string{"", ""}, []string{"", ""}, [][]byte{nil, nil}, []string{"", ""},
-			[]*time.Time{nil, nil}, c.nowArg(), newIDs).Scan(&n)
+			[]*time.Time{nil, nil}, nowArg(c), newIDs).Scan(&n)
 		return n, err
 	}
 	var pe *pgconn.PgError
@@ -995,8 +968,8 @@ func TestEnqueueNewIDsSkipsOnlyTheDuplicateCheck(t *testing.T) {
 	// The one-item path keeps the same rule.
 	one := func(newIDs bool) (int, error) {
 		var n int
-		err := c.pool.QueryRow(ctx, c.sql.enqueue, []string{"inbox"}, []string{dup.String()}, []string{"s"}, []int32{1},
-			[]string{""}, []string{""}, [][]byte{nil}, []string{""}, []*time.Time{nil}, c.nowArg(), newIDs).Scan(&n)
+		err := c.Pool().QueryRow(ctx, stmt(c, "enqueue"), []string{"inbox"}, []string{dup.String()}, []string{"s"}, []int32{1},
+			[]string{""}, []string{""}, [][]byte{nil}, []string{""}, []*time.Time{nil}, nowArg(c), newIDs).Scan(&n)
 		return n, err
 	}
 	if _, err := one(true); !errors.As(err, &pe) || pe.Code != "23505" {
@@ -1024,14 +997,14 @@ func TestEnqueuePrepareRejectsBadArguments(t *testing.T) {
 		{"NULL category", "WP002", []*string{&outboxCat, nil}, []int32{1, 2}},
 	} {
 		var created time.Time
-		err := c.pool.QueryRow(ctx, c.sql.enqueuePrepare, tc.cats, []string{"new-a", "new-b"}, tc.parts,
-			[]*time.Time{nil, nil}, c.nowArg()).Scan(&created)
+		err := c.Pool().QueryRow(ctx, stmt(c, "enqueuePrepare"), tc.cats, []string{"new-a", "new-b"}, tc.parts,
+			[]*time.Time{nil, nil}, nowArg(c)).Scan(&created)
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || pe.Code != tc.code {
 			t.Fatalf("%s: %v, want SQLSTATE %s", tc.name, err, tc.code)
 		}
 		var locks int
-		if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM "`+c.opts.Schema+`".wp_stream_locks`).Scan(&locks); err != nil || locks != 0 {
+		if err := c.Pool().QueryRow(ctx, `SELECT count(*) FROM "`+c.Schema()+`".wp_stream_locks`).Scan(&locks); err != nil || locks != 0 {
 			t.Fatalf("%s: %d stream-lock rows (%v), want none", tc.name, locks, err)
 		}
 	}
@@ -1064,7 +1037,7 @@ func TestSelfPollingHandshake(t *testing.T) {
 	}
 	noSignal(t, sub, 200*time.Millisecond, "enqueue while self-polling")
 
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func TestClaimFetchesOnlyItsRanksFreshRows(t *testing.T) {
 			}
 			slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
 			fill(t, c, 1200, driver.Outbox, 600)
-			index := fmt.Sprintf("%q.wp_outbox_fresh", c.opts.Schema)
+			index := fmt.Sprintf("%q.wp_outbox_fresh", c.Schema())
 			total := 0
 			for rank, inst := range ids {
 				claimed, fetched := claimCounting(t, c, inst, index)
@@ -59,7 +59,7 @@ func TestClaimFetchesOnlyItsRanksFreshRows(t *testing.T) {
 func claimCounting(t *testing.T, c *Coordinator, inst uuid.UUID, index string) (partitions []int, fetched int64) {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func claimCounting(t *testing.T, c *Coordinator, inst uuid.UUID, index string) (
 	if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_fetched($1::regclass)`, index).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, c.sql.claim, inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(5000), c.nowArg())
+	rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(5000), nowArg(c))
 	if err != nil {
 		t.Fatal(err)
 	}

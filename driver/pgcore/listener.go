@@ -1,15 +1,14 @@
-package pgxdriver
+package pgcore
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/migrations"
 )
@@ -48,11 +47,11 @@ const (
 // With the listener disabled (Options.DisableListener, or a simple-protocol
 // pool without Options.ListenerConnString) the subscription is never
 // available and never holds the alive-lock.
-func (c *Coordinator) Listen(ctx context.Context, instanceID uuid.UUID) (driver.Subscription, error) {
+func (c *Core) Listen(ctx context.Context, instanceID uuid.UUID) (driver.Subscription, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := checkInstanceArg(instanceID); err != nil {
+	if err := checkInstance(instanceID); err != nil {
 		return nil, err
 	}
 	s := &subscription{
@@ -62,14 +61,20 @@ func (c *Coordinator) Listen(ctx context.Context, instanceID uuid.UUID) (driver.
 		ch:      make(chan driver.Signal, c.opts.SignalBuffer),
 		done:    make(chan struct{}),
 	}
-	if c.listenCfg == nil {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%s: Listen: %w", c.name, driver.ErrClosed)
+	}
+	if c.dial == nil {
+		c.mu.Unlock()
 		close(s.done)
 		s.stopAfter = context.AfterFunc(ctx, func() { _ = s.Close() })
 		return s, nil
 	}
+	s.dial = c.dial
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
-	c.mu.Lock()
 	c.subs[instanceID] = append(c.subs[instanceID], s)
 	c.mu.Unlock()
 	first := make(chan struct{})
@@ -88,10 +93,11 @@ func (c *Coordinator) Listen(ctx context.Context, instanceID uuid.UUID) (driver.
 
 // subscription is one Listen call's listener.
 type subscription struct {
-	c       *Coordinator
+	c       *Core
 	id      uuid.UUID
 	channel string
 	ch      chan driver.Signal
+	dial    Dialer
 
 	mu        sync.Mutex
 	available bool
@@ -210,13 +216,21 @@ func (s *subscription) run(ctx context.Context, first chan struct{}) {
 	initial := true
 	for {
 		conn, held, err := s.connect(ctx)
+		if errors.Is(err, ErrNoSessions) {
+			// The client cannot open sessions at all: poll from now on.
+			s.c.noSessions(err)
+			if first != nil {
+				close(first)
+			}
+			return
+		}
 		if err == nil && initial && !held {
 			// Another session holds the id's alive-lock: refuse to run a
 			// second process under it rather than share its identity.
 			_ = conn.Close(context.Background())
 			s.mu.Lock()
-			s.inUse = fmt.Errorf("pgxdriver: Listen: instance %s: %w: another session holds its alive-lock "+
-				"(another process runs with this id, or a crashed one's session has not ended yet)", s.id, driver.ErrInstanceIDInUse)
+			s.inUse = fmt.Errorf("%s: Listen: instance %s: %w: another session holds its alive-lock "+
+				"(another process runs with this id, or a crashed one's session has not ended yet)", s.c.name, s.id, driver.ErrInstanceIDInUse)
 			s.mu.Unlock()
 			close(first)
 			return
@@ -224,7 +238,7 @@ func (s *subscription) run(ctx context.Context, first chan struct{}) {
 		if err == nil {
 			backoff = o.ListenerReconnectMin
 			s.mu.Lock()
-			s.available, s.lockHeld, s.pid = true, held, conn.PgConn().PID()
+			s.available, s.lockHeld, s.pid = true, held, conn.PID()
 			s.confirmed = time.Now()
 			if !initial {
 				s.push(driver.Signal{Kind: driver.SignalGateAvailable})
@@ -263,25 +277,20 @@ func (s *subscription) run(ctx context.Context, first chan struct{}) {
 	}
 }
 
-// connect opens the listener connection, tries the alive-lock and LISTENs.
-func (s *subscription) connect(ctx context.Context) (*pgx.Conn, bool, error) {
-	cfg := s.c.listenCfg.Copy()
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["application_name"] = listenerAppName
+// connect opens the listener session, tries the alive-lock and LISTENs.
+func (s *subscription) connect(ctx context.Context) (Session, bool, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, cfg)
+	conn, err := s.dial(cctx)
 	if err != nil {
 		return nil, false, err
 	}
 	var held bool
-	if err := conn.QueryRow(cctx, s.c.sql.tryLock, s.id).Scan(&held); err != nil {
+	if _, err := queryRow(cctx, conn, s.c.sql.tryLock, []any{s.id.String()}, &held); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, false, fmt.Errorf("take alive-lock: %w", err)
 	}
-	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+	if err := conn.Exec(cctx, "LISTEN "+quoteIdent(s.channel)); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, false, fmt.Errorf("listen: %w", err)
 	}
@@ -293,7 +302,7 @@ func (s *subscription) connect(ctx context.Context) (*pgx.Conn, bool, error) {
 // otherwise only noticed by TCP keepalive), every lockConfirmEvery while it
 // holds the alive-lock, and, while another session holds the alive-lock,
 // retries taking it.
-func (s *subscription) serve(ctx context.Context, conn *pgx.Conn) error {
+func (s *subscription) serve(ctx context.Context, conn Session) error {
 	o := s.c.opts
 	for {
 		wait := o.ListenerPingInterval
@@ -303,17 +312,18 @@ func (s *subscription) serve(ctx context.Context, conn *pgx.Conn) error {
 			wait = min(wait, o.ListenerLockRetry)
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
-		n, err := conn.WaitForNotification(wctx)
+		payload, err := conn.WaitForNotification(wctx)
+		timedOut := wctx.Err() != nil
 		cancel()
 		if err == nil {
 			s.confirm()
-			s.deliver(n.Payload)
+			s.deliver(payload)
 			continue
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) {
+		if !timedOut && !errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
 		if err := s.check(ctx, conn); err != nil {
@@ -323,18 +333,18 @@ func (s *subscription) serve(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // check pings the connection, retrying the alive-lock when it is not held.
-func (s *subscription) check(ctx context.Context, conn *pgx.Conn) error {
+func (s *subscription) check(ctx context.Context, conn Session) error {
 	cctx, cancel := context.WithTimeout(ctx, max(s.c.opts.ListenerPingInterval, 5*time.Second))
 	defer cancel()
 	if s.holdsLock() {
-		if _, err := conn.Exec(cctx, "SELECT 1"); err != nil {
+		if err := conn.Exec(cctx, "SELECT 1"); err != nil {
 			return err
 		}
 		s.confirm()
 		return nil
 	}
 	var held bool
-	if err := conn.QueryRow(cctx, s.c.sql.tryLock, s.id).Scan(&held); err != nil {
+	if _, err := queryRow(cctx, conn, s.c.sql.tryLock, []any{s.id.String()}, &held); err != nil {
 		return err
 	}
 	if held {
@@ -349,7 +359,7 @@ func (s *subscription) check(ctx context.Context, conn *pgx.Conn) error {
 // teardown ends a connection. On Close it first releases the alive-lock
 // explicitly, so the lock is free when Close returns (a terminated session
 // releases it only once the server notices).
-func (s *subscription) teardown(ctx context.Context, conn *pgx.Conn) {
+func (s *subscription) teardown(ctx context.Context, conn Session) {
 	s.mu.Lock()
 	held := s.lockHeld
 	s.available, s.lockHeld, s.pid = false, false, 0
@@ -359,8 +369,8 @@ func (s *subscription) teardown(ctx context.Context, conn *pgx.Conn) {
 	s.mu.Unlock()
 	bg, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if held && !conn.IsClosed() {
-		_, _ = conn.Exec(bg, s.c.sql.unlock, s.id)
+	if held {
+		_ = conn.Exec(bg, s.c.sql.unlock, s.id.String())
 	}
 	_ = conn.Close(bg)
 }
@@ -385,10 +395,10 @@ func (s *subscription) deliver(payload string) {
 }
 
 // crashListeners makes instanceID's subscriptions behave like the listener
-// of a crashed process: their backends are terminated (releasing the
+// of a crashed process: their sessions are terminated (releasing the
 // alive-lock; pg_terminate_backend waits for the backend to exit) and they
-// never reconnect. Test-only fault injection.
-func (c *Coordinator) crashListeners(ctx context.Context, instanceID uuid.UUID) (int, error) {
+// never reconnect. Fault injection for tests, reached through internal/pgfault.
+func (c *Core) crashListeners(ctx context.Context, instanceID uuid.UUID) (int, error) {
 	c.mu.Lock()
 	var pids []uint32
 	for _, s := range c.subs[instanceID] {
@@ -401,7 +411,7 @@ func (c *Coordinator) crashListeners(ctx context.Context, instanceID uuid.UUID) 
 	}
 	c.mu.Unlock()
 	for _, pid := range pids {
-		if err := terminateBackend(ctx, c.pool, pid); err != nil {
+		if err := c.terminateBackend(ctx, pid); err != nil {
 			return 0, err
 		}
 	}
@@ -409,8 +419,8 @@ func (c *Coordinator) crashListeners(ctx context.Context, instanceID uuid.UUID) 
 }
 
 // listenerPIDs returns the backend pids of instanceID's live listener
-// connections (test support).
-func (c *Coordinator) listenerPIDs(instanceID uuid.UUID) []uint32 {
+// sessions.
+func (c *Core) listenerPIDs(instanceID uuid.UUID) []uint32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var pids []uint32
@@ -424,10 +434,15 @@ func (c *Coordinator) listenerPIDs(instanceID uuid.UUID) []uint32 {
 	return pids
 }
 
-func terminateBackend(ctx context.Context, q querier, pid uint32) error {
+func (c *Core) terminateBackend(ctx context.Context, pid uint32) error {
 	var ok bool
-	if err := q.QueryRow(ctx, `SELECT pg_terminate_backend($1::integer, 10000)`, int32(pid)).Scan(&ok); err != nil {
-		return fmt.Errorf("pgxdriver: terminate listener backend %d: %w", pid, err)
+	if _, err := queryRow(ctx, c.db, `SELECT pg_terminate_backend(`+c.d.ph(1)+`::integer, 10000)`, []any{int32(pid)}, &ok); err != nil {
+		return fmt.Errorf("%s: terminate listener backend %d: %w", c.name, pid, err)
 	}
 	return nil
+}
+
+// quoteIdent quotes a Postgres identifier.
+func quoteIdent(s string) string {
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
 }

@@ -1,0 +1,56 @@
+package pgcore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/migrations"
+)
+
+// CheckSchema returns nil when the schema is migrated to the version this
+// build needs and records this core's partition count. It returns an
+// error wrapping driver.ErrSchemaNotReady that says how to migrate when the
+// schema is missing or older, and one wrapping driver.ErrSchemaMismatch
+// that names both counts when the schema records another partition count
+// (a schema that records none yet records this core's). A database newer
+// than the build is accepted with a warning: during a rolling upgrade the
+// old build keeps running against the new schema.
+func (c *Core) CheckSchema(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var have sql.NullInt64
+	_, err := queryRow(ctx, c.db, c.sql.version, nil, &have)
+	if isUndefinedTable(err) {
+		err, have = nil, sql.NullInt64{}
+	}
+	if err != nil {
+		return fmt.Errorf("%s: CheckSchema: %w", c.name, err)
+	}
+	schema, want := c.opts.Schema, migrations.Latest()
+	switch v := int(have.Int64); {
+	case v == 0:
+		return fmt.Errorf("%w: schema %q has no workpump tables (want version %d); %s",
+			driver.ErrSchemaNotReady, schema, want, migrations.HowToMigrate(schema))
+	case v < want:
+		return fmt.Errorf("%w: schema %q is at version %d, this build needs %d; %s",
+			driver.ErrSchemaNotReady, schema, v, want, migrations.HowToMigrate(schema))
+	case v > want:
+		c.log.Warn("database schema is newer than this build; continuing (rolling upgrade?)",
+			"schema", schema, "database_version", v, "build_version", want)
+	}
+	var recorded int64
+	if _, err := queryRow(ctx, c.db, c.sql.counts, []any{int32(c.opts.PartitionCount), c.nowArg()}, &recorded); err != nil {
+		return c.mapError("CheckSchema", err)
+	}
+	if int(recorded) != c.opts.PartitionCount {
+		// Rows enqueued with another count route their streams to other
+		// partitions than the peers' rows of the same stream, and
+		// per-stream order would silently break.
+		return fmt.Errorf("%w: PartitionCount: driver configured with %d but schema %q records %d; every process sharing the schema must use %d",
+			driver.ErrSchemaMismatch, c.opts.PartitionCount, schema, recorded, recorded)
+	}
+	return nil
+}
