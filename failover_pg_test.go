@@ -143,6 +143,6 @@ func TestFailoverPG_LockLossReclaimsWithinSeconds(t *testing.T) {
 	// The stale rule alone could not evict before StaleAfter: the victim's last
 	// heartbeat was at most seconds before the kill.
 	if took >= workers.DefaultStaleAfter {
-		t.Errorf("re-claim %v after the kill, not faster than the spec's stale cutoff %v", took, workers.DefaultStaleAfter)
+		t.Errorf("re-claim %v after the kill, not faster than the stale cutoff %v", took, workers.DefaultStaleAfter)
 	}
 }

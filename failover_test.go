@@ -159,10 +159,10 @@ func streamsOfRank(rank, live, n int) []string {
 }
 
 func TestFailover_LockLossEvictionBeatsTheStaleCutoff(t *testing.T) {
-	var fast, spec failover
+	var fast, stale failover
 	t.Run("lock-loss", func(t *testing.T) { fast = measureFailover(t, nil) })
-	t.Run("spec-stale-path", func(t *testing.T) {
-		spec = measureFailover(t, func(o *workpump.Options) { o.Heartbeat.LockLostAfter = workers.NoLockLossEviction })
+	t.Run("stale-path", func(t *testing.T) {
+		stale = measureFailover(t, func(o *workpump.Options) { o.Heartbeat.LockLostAfter = workers.NoLockLossEviction })
 	})
 	if t.Failed() {
 		return
@@ -174,8 +174,8 @@ func TestFailover_LockLossEvictionBeatsTheStaleCutoff(t *testing.T) {
 	bound := workers.DefaultLockLostAfter + workers.DefaultLockProbeInterval + workers.DefaultPollInterval
 	t.Logf("lock-loss eviction: kill → first re-claimed item handled in %v (bound %v), %d of %d items re-claimed",
 		fast.took(), bound, fast.reclaimed, fast.held)
-	t.Logf("spec stale path:    kill → first re-claimed item handled in %v (victim's last heartbeat %v before the kill)",
-		spec.took(), spec.killAt.Sub(spec.lastBeat))
+	t.Logf("stale path:         kill → first re-claimed item handled in %v (victim's last heartbeat %v before the kill)",
+		stale.took(), stale.killAt.Sub(stale.lastBeat))
 	if fast.took() > bound {
 		t.Errorf("lock-loss failover took %v, want <= LockLostAfter + LockProbeInterval + PollInterval = %v", fast.took(), bound)
 	}
@@ -183,10 +183,10 @@ func TestFailover_LockLossEvictionBeatsTheStaleCutoff(t *testing.T) {
 		t.Errorf("lock-loss failover took %v, below LockLostAfter %v: the rule needs two looks LockLostAfter apart", fast.took(), workers.DefaultLockLostAfter)
 	}
 	// The stale rule alone cannot evict before the victim's heartbeat is StaleAfter old.
-	if earliest := spec.lastBeat.Add(workers.DefaultStaleAfter); spec.reclaimAt.Before(earliest) {
-		t.Errorf("spec path re-claimed at %v, before the stale cutoff %v", spec.reclaimAt, earliest)
+	if earliest := stale.lastBeat.Add(workers.DefaultStaleAfter); stale.reclaimAt.Before(earliest) {
+		t.Errorf("stale path re-claimed at %v, before the stale cutoff %v", stale.reclaimAt, earliest)
 	}
-	if spec.took() <= bound {
-		t.Errorf("spec path took %v, not slower than the lock-loss bound %v: the comparison measures nothing", spec.took(), bound)
+	if stale.took() <= bound {
+		t.Errorf("stale path took %v, not slower than the lock-loss bound %v: the comparison measures nothing", stale.took(), bound)
 	}
 }

@@ -461,7 +461,11 @@ func (w *ClaimWorker) awaitSchema(ctx context.Context) bool {
 			return false
 		}
 		d := backoff(w.opts.PollInterval, w.opts.MaxPollInterval, attempt)
-		w.logger.Warn("store schema not ready; not claiming", "retry_in", d, "error", err)
+		if errors.Is(err, driver.ErrSchemaNotReady) {
+			w.logger.Warn("store schema not ready; not claiming", "retry_in", d, "error", err)
+		} else {
+			w.logger.Error("store schema check failed; not claiming", "retry_in", d, "error", err)
+		}
 		if !sleepCtx(ctx, d) {
 			return false
 		}

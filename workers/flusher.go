@@ -44,8 +44,8 @@ type queued[T any] struct {
 	at time.Time
 }
 
-// FlusherStats counts what a BatchFlusher did.
-type FlusherStats struct {
+// flusherStats counts what a BatchFlusher did.
+type flusherStats struct {
 	Enqueued  uint64 // items accepted
 	Dropped   uint64 // items refused: queue full or flusher closed
 	Flushes   uint64 // flush calls made
@@ -101,9 +101,9 @@ func (f *BatchFlusher[T]) Enqueue(v T) bool {
 	}
 }
 
-// Stats returns the flusher's counters.
-func (f *BatchFlusher[T]) Stats() FlusherStats {
-	return FlusherStats{
+// stats returns the flusher's counters.
+func (f *BatchFlusher[T]) stats() flusherStats {
+	return flusherStats{
 		Enqueued:  f.enqueued.Load(),
 		Dropped:   f.dropped.Load(),
 		Flushes:   f.flushes.Load(),

@@ -65,7 +65,7 @@ func startFlusher(t *testing.T, r *flushRec, opts FlusherOptions) *BatchFlusher[
 	return f
 }
 
-var defaultFlusher = RenewalOptions{}.WithDefaults().Flusher()
+var defaultFlusher = RenewalOptions{}.WithDefaults().flusherOptions()
 
 func enqueueN(t *testing.T, f *BatchFlusher[int], from, n int) {
 	t.Helper()
@@ -165,7 +165,7 @@ func TestFlusherDrainsOnClose(t *testing.T) {
 		if f.Enqueue(99) {
 			t.Fatal("Enqueue after Close accepted")
 		}
-		if st := f.Stats(); st.Enqueued != 30 || st.Dropped != 1 || st.Flushed != 30 || st.Flushes != 1 {
+		if st := f.stats(); st.Enqueued != 30 || st.Dropped != 1 || st.Flushed != 30 || st.Flushes != 1 {
 			t.Fatalf("stats %+v", st)
 		}
 		if err := f.Close(context.Background()); err != nil { // idempotent
@@ -190,7 +190,7 @@ func TestFlusherDrainTimeout(t *testing.T) {
 		if d := time.Since(start); d != sec(2) {
 			t.Fatalf("Close took %v, want the 2s drain timeout", d)
 		}
-		if st := f.Stats(); st.Abandoned != 50 || st.Failures != 1 || st.Flushed != 100 {
+		if st := f.stats(); st.Abandoned != 50 || st.Failures != 1 || st.Flushed != 100 {
 			t.Fatalf("stats %+v", st)
 		}
 	})
@@ -222,7 +222,7 @@ func TestFlusherFullQueueDrops(t *testing.T) {
 		if f.Enqueue(200) || f.Enqueue(201) {
 			t.Fatal("Enqueue on a full queue accepted")
 		}
-		if st := f.Stats(); st.Dropped != 2 || st.Enqueued != 200 {
+		if st := f.stats(); st.Dropped != 2 || st.Enqueued != 200 {
 			t.Fatalf("stats %+v", st)
 		}
 		close(r.block)
@@ -262,7 +262,7 @@ func TestFlusherFailingFlushLoggedAndDropped(t *testing.T) {
 		}
 		logs.mustContain(t, "flush failed")
 		logs.mustContain(t, "store unavailable")
-		if st := f.Stats(); st.Failures != 1 || st.Flushes != 2 {
+		if st := f.stats(); st.Failures != 1 || st.Flushes != 2 {
 			t.Fatalf("stats %+v", st)
 		}
 	})

@@ -16,9 +16,9 @@ import (
 // deadline (lease − LeaseGrace after the claim or last renewal) passed.
 var ErrLeaseDeadline = errors.New("workers: lease deadline reached (lease minus grace)")
 
-// ErrLeaseReleased is the cause of a lease handle's context after Dispose,
+// errLeaseReleased is the cause of a lease handle's context after Dispose,
 // or after the renewal worker stopped.
-var ErrLeaseReleased = errors.New("workers: lease handle released")
+var errLeaseReleased = errors.New("workers: lease handle released")
 
 // Overrun describes a handler that kept running past its lease: its
 // handle's context ended for the lease (the deadline, or the store reporting
@@ -57,7 +57,7 @@ const minRenewRetryGap = time.Second
 // from a later instant, and no store timestamp is compared with local time.
 //
 // While the handler runs, the handle asks for renewal by itself when a third
-// of the lease is left; RequestRenewal asks at once. Receptor handles are
+// of the lease is left; requestRenewal asks at once. Receptor handles are
 // never renewed. All methods are safe for concurrent use.
 type LeaseHandle struct {
 	key       LeaseKey
@@ -139,7 +139,7 @@ func (h *LeaseHandle) Key() LeaseKey { return h.key }
 
 // Context is the handler's context: cancelled at the deadline (cause
 // ErrLeaseDeadline), when the store reports the lease lost (cause
-// driver.ErrLeaseLost), on Dispose (cause ErrLeaseReleased), or with the
+// driver.ErrLeaseLost), on Dispose (cause errLeaseReleased), or with the
 // parent given to Acquire. context.Cause tells which.
 func (h *LeaseHandle) Context() context.Context { return h.ctx }
 
@@ -151,19 +151,19 @@ func (h *LeaseHandle) Deadline() time.Time {
 	return h.deadline
 }
 
-// Renewals returns how many renewals TryExtendDeadline granted.
+// Renewals returns how many renewals tryExtendDeadline granted.
 func (h *LeaseHandle) Renewals() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.renewals
 }
 
-// TryExtendDeadline reserves one renewal: it returns true and counts it
+// tryExtendDeadline reserves one renewal: it returns true and counts it
 // unless the handle is not renewable (receptor), was disposed, its context
 // ended, or it already had MaxRenewalsPerWork renewals. The deadline itself
 // moves only when the store confirms the renewal. The LeaseRenewalWorker
 // calls it before including the row in a RenewLeases call.
-func (h *LeaseHandle) TryExtendDeadline() bool {
+func (h *LeaseHandle) tryExtendDeadline() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.canRenewLocked() {
@@ -177,18 +177,18 @@ func (h *LeaseHandle) canRenewLocked() bool {
 	return h.renewable && !h.disposed && !h.ended && h.renewals < h.maxRenew
 }
 
-// RequestRenewal queues a renewal of the lease with the renewal worker. It
+// requestRenewal queues a renewal of the lease with the renewal worker. It
 // returns false when the handle cannot be renewed any more (see
-// TryExtendDeadline) or the request was not queued (worker stopped, queue
+// tryExtendDeadline) or the request was not queued (worker stopped, queue
 // full). Handles already ask by themselves when a third of the lease is left.
-func (h *LeaseHandle) RequestRenewal() bool {
+func (h *LeaseHandle) requestRenewal() bool {
 	h.mu.Lock()
 	ok := h.canRenewLocked()
 	h.mu.Unlock()
 	if !ok {
 		return false
 	}
-	return h.owner.RequestRenewal(h.key.Category, h.key.ID)
+	return h.owner.requestRenewal(h.key.Category, h.key.ID)
 }
 
 // Begin marks the moment the dispatch's handler starts. From then on the
@@ -217,7 +217,7 @@ func (h *LeaseHandle) Overran() bool {
 }
 
 // Dispose ends the handle when the dispatch is over: the context is
-// cancelled (cause ErrLeaseReleased), timers stop (an overrun not reported
+// cancelled (cause errLeaseReleased), timers stop (an overrun not reported
 // yet never will be), renewals are refused and the registry forgets it.
 // Idempotent.
 func (h *LeaseHandle) Dispose() {
@@ -232,7 +232,7 @@ func (h *LeaseHandle) Dispose() {
 
 func (h *LeaseHandle) disposeLocked() {
 	h.disposed = true
-	h.endLocked(ErrLeaseReleased)
+	h.endLocked(errLeaseReleased)
 	h.timer.Stop()
 }
 
@@ -292,9 +292,9 @@ func (h *LeaseHandle) onTimer() {
 		h.renewAt = time.Time{}
 	}
 	h.mu.Unlock()
-	// Outside the lock: RequestRenewal takes it, and the renewal worker may
+	// Outside the lock: requestRenewal takes it, and the renewal worker may
 	// call back into the handle.
-	asked := due && h.RequestRenewal()
+	asked := due && h.requestRenewal()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.ended {

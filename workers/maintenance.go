@@ -24,30 +24,30 @@ type MaintenanceCoordinator interface {
 type MaintenanceConfig struct {
 	Coordinator MaintenanceCoordinator // required
 	Options     MaintenanceOptions
-	Logger      hclog.Logger // nil: no logs
-	Hooks       MaintenanceHooks
+	Logger      hclog.Logger     // nil: no logs
+	hooks       maintenanceHooks // tests observe runs and probes
 }
 
-// MaintenanceHooks observe the maintenance worker. They run on its
+// maintenanceHooks observe the maintenance worker. They run on its
 // goroutines (OnRun on the backstop's, OnProbe on the lock probe's); keep
 // them fast. Nil hooks are skipped.
-type MaintenanceHooks struct {
+type maintenanceHooks struct {
 	// OnRun reports each run.
-	OnRun func(MaintenanceRun)
+	OnRun func(maintenanceRun)
 	// OnProbe reports each lock probe.
-	OnProbe func(MaintenanceProbe)
+	OnProbe func(maintenanceProbe)
 }
 
-// MaintenanceProbe describes one lock probe: a CleanupStale call with
+// maintenanceProbe describes one lock probe: a CleanupStale call with
 // LockLostAfter.
-type MaintenanceProbe struct {
+type maintenanceProbe struct {
 	Start   time.Time   // local time the probe started
 	Evicted []uuid.UUID // instances CleanupStale removed
 	Err     error
 }
 
-// MaintenanceRun describes one run.
-type MaintenanceRun struct {
+// maintenanceRun describes one run.
+type maintenanceRun struct {
 	Start   time.Time   // local time the run started
 	Evicted []uuid.UUID // instances CleanupStale removed
 	Purged  driver.PurgeResult
@@ -55,8 +55,8 @@ type MaintenanceRun struct {
 	Err     error // CleanupStale and Purge errors, joined
 }
 
-// MaintenanceStats counts the maintenance worker's runs and lock probes.
-type MaintenanceStats struct {
+// maintenanceStats counts the maintenance worker's runs and lock probes.
+type maintenanceStats struct {
 	Runs          uint64
 	Failures      uint64 // runs with an error
 	Probes        uint64 // lock probes
@@ -80,7 +80,7 @@ type MaintenanceWorker struct {
 	purger driver.Purger
 	opts   MaintenanceOptions
 	logger hclog.Logger
-	hooks  MaintenanceHooks
+	hooks  maintenanceHooks
 	life   lifecycle
 
 	runs, failures, evicted atomic.Uint64
@@ -102,7 +102,7 @@ func NewMaintenanceWorker(cfg MaintenanceConfig) (*MaintenanceWorker, error) {
 		coord:  cfg.Coordinator,
 		opts:   opts,
 		logger: namedLogger(cfg.Logger, "maintenance"),
-		hooks:  cfg.Hooks,
+		hooks:  cfg.hooks,
 		life:   lifecycle{name: "workers: maintenance worker"},
 	}
 	w.purger, _ = cfg.Coordinator.(driver.Purger)
@@ -124,20 +124,20 @@ func (w *MaintenanceWorker) Start(ctx context.Context) error {
 // Stop ends the loop and waits for it (or ctx). Idempotent.
 func (w *MaintenanceWorker) Stop(ctx context.Context) error { return w.life.stop(ctx) }
 
-// Stats returns the worker's counters.
-func (w *MaintenanceWorker) Stats() MaintenanceStats {
-	return MaintenanceStats{
+// stats returns the worker's counters.
+func (w *MaintenanceWorker) stats() maintenanceStats {
+	return maintenanceStats{
 		Runs: w.runs.Load(), Failures: w.failures.Load(),
 		Probes: w.probes.Load(), ProbeFailures: w.probeFailures.Load(),
 		Evicted: w.evicted.Load(),
 	}
 }
 
-// ProbeOnce runs one lock probe now and reports it (also to OnProbe): a
+// probeOnce runs one lock probe now and reports it (also to OnProbe): a
 // CleanupStale call with the stale and dead cutoffs and LockLostAfter. With
 // NoLockLossEviction it is the plain stale sweep.
-func (w *MaintenanceWorker) ProbeOnce(ctx context.Context) MaintenanceProbe {
-	p := MaintenanceProbe{Start: time.Now()}
+func (w *MaintenanceWorker) probeOnce(ctx context.Context) maintenanceProbe {
+	p := maintenanceProbe{Start: time.Now()}
 	p.Evicted, p.Err = w.coord.CleanupStale(ctx, driver.CleanupRequest{
 		StaleAfter: w.opts.StaleAfter, DeadAfter: w.opts.DeadAfter, LockLostAfter: lockLostArg(w.opts.LockLostAfter),
 	})
@@ -158,9 +158,9 @@ func (w *MaintenanceWorker) ProbeOnce(ctx context.Context) MaintenanceProbe {
 	return p
 }
 
-// RunOnce runs one maintenance pass now and reports it (also to OnRun).
-func (w *MaintenanceWorker) RunOnce(ctx context.Context) MaintenanceRun {
-	run := MaintenanceRun{Start: time.Now()}
+// runOnce runs one maintenance pass now and reports it (also to OnRun).
+func (w *MaintenanceWorker) runOnce(ctx context.Context) maintenanceRun {
+	run := maintenanceRun{Start: time.Now()}
 	var errs []error
 	evicted, err := w.coord.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: w.opts.StaleAfter, DeadAfter: w.opts.DeadAfter})
 	if err != nil {
@@ -221,7 +221,7 @@ func (w *MaintenanceWorker) probeLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		p := w.ProbeOnce(ctx)
+		p := w.probeOnce(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -244,7 +244,7 @@ func (w *MaintenanceWorker) backstop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if run := w.RunOnce(ctx); run.Err != nil && ctx.Err() == nil {
+		if run := w.runOnce(ctx); run.Err != nil && ctx.Err() == nil {
 			w.logger.Error("maintenance failed", "error", run.Err)
 		}
 	}

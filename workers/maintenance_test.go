@@ -27,9 +27,9 @@ func TestMaintenanceCleanupEachInterval(t *testing.T) {
 			return nil, nil
 		}}
 		logs := &logBuf{}
-		var runs []MaintenanceRun
+		var runs []maintenanceRun
 		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Logger: logs.logger(),
-			Hooks: MaintenanceHooks{OnRun: func(r MaintenanceRun) { runs = append(runs, r) }}})
+			hooks: maintenanceHooks{OnRun: func(r maintenanceRun) { runs = append(runs, r) }}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +51,7 @@ func TestMaintenanceCleanupEachInterval(t *testing.T) {
 			t.Fatal("purged without a Purger")
 		}
 		logs.mustContain(t, "deadlock detected")
-		if st := w.Stats(); st.Runs != 4 || st.Failures != 1 || st.Evicted != 1 {
+		if st := w.stats(); st.Runs != 4 || st.Failures != 1 || st.Evicted != 1 {
 			t.Fatalf("stats %+v", st)
 		}
 	})
@@ -66,7 +66,7 @@ func TestMaintenancePurges(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r := w.RunOnce(context.Background()); r.Purge || len(base.of("purge")) != 0 {
+		if r := w.runOnce(context.Background()); r.Purge || len(base.of("purge")) != 0 {
 			t.Fatal("purged with every age zero")
 		}
 
@@ -92,7 +92,7 @@ func TestMaintenancePurges(t *testing.T) {
 		if got := purges[0].req.(driver.PurgeRequest); got != want {
 			t.Fatalf("purge request %+v, want %+v", got, want)
 		}
-		// The RunOnce above, then cleanup and purge in each run.
+		// The runOnce above, then cleanup and purge in each run.
 		if k := base.kinds(); !slices.Equal(k, []string{"cleanup", "cleanup", "purge", "cleanup", "purge"}) {
 			t.Fatalf("calls %v", k)
 		}
@@ -122,7 +122,7 @@ func TestMaintenanceConstructorRejects(t *testing.T) {
 		t.Fatalf("nil coordinator: %v", err)
 	}
 	_, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: &fakeCoord{}, Options: MaintenanceOptions{PurgeStreamsAfter: -time.Hour}})
-	var oe *OptionError
+	var oe *optionError
 	if !errors.As(err, &oe) || oe.Field != "PurgeStreamsAfter" {
 		t.Fatalf("negative purge age: %v", err)
 	}
@@ -141,9 +141,9 @@ func TestMaintenanceLockProbeCadence(t *testing.T) {
 			return nil, nil
 		}}
 		logs := &logBuf{}
-		var probes []MaintenanceProbe
+		var probes []maintenanceProbe
 		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Logger: logs.logger(),
-			Hooks: MaintenanceHooks{OnProbe: func(p MaintenanceProbe) { probes = append(probes, p) }}})
+			hooks: maintenanceHooks{OnProbe: func(p maintenanceProbe) { probes = append(probes, p) }}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +164,7 @@ func TestMaintenanceLockProbeCadence(t *testing.T) {
 			}
 		}
 		if got := coord.of("cleanup")[0].req.(driver.CleanupRequest); got.LockLostAfter != 0 {
-			t.Fatalf("backstop request %+v, want the spec's sweep without LockLostAfter", got)
+			t.Fatalf("backstop request %+v, want the stale sweep without LockLostAfter", got)
 		}
 		if len(probes) != 125 || len(probes[2].Evicted) != 1 || probes[2].Evicted[0] != dead || probes[3].Err == nil || probes[6].Err != nil {
 			t.Fatalf("probe events: %d, third %+v, fourth %+v", len(probes), probes[2], probes[3])
@@ -172,7 +172,7 @@ func TestMaintenanceLockProbeCadence(t *testing.T) {
 		if !probes[4].Start.Equal(t0.Add(sec(5))) {
 			t.Fatalf("fifth probe started at %v, want 5s", probes[4].Start.Sub(t0))
 		}
-		if st := w.Stats(); st.Probes != 125 || st.ProbeFailures != 3 || st.Evicted != 1 || st.Runs != 2 || st.Failures != 0 {
+		if st := w.stats(); st.Probes != 125 || st.ProbeFailures != 3 || st.Evicted != 1 || st.Runs != 2 || st.Failures != 0 {
 			t.Fatalf("stats %+v", st)
 		}
 		// Three failures in a row are logged once, and so is the recovery.
@@ -225,12 +225,12 @@ func TestMaintenanceNoLockLossEvictionRunsNoProbe(t *testing.T) {
 			t.Fatalf("calls %v, want only the backstop's two cleanups", k)
 		}
 		eqDurations(t, "cleanups", coord.offsets("cleanup", t0), []time.Duration{sec(60), sec(120)})
-		// ProbeOnce by hand is the stale sweep then.
-		if p := w.ProbeOnce(context.Background()); p.Err != nil {
+		// probeOnce by hand is the stale sweep then.
+		if p := w.probeOnce(context.Background()); p.Err != nil {
 			t.Fatal(p.Err)
 		}
 		if got := coord.of("cleanup")[2].req.(driver.CleanupRequest); got.LockLostAfter != 0 {
-			t.Fatalf("ProbeOnce with NoLockLossEviction sent %+v", got)
+			t.Fatalf("probeOnce with NoLockLossEviction sent %+v", got)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package workers_test
+package workers
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/memdriver"
-	"github.com/workpump/workpump/workers"
 )
 
 // rig wires the four workers over one memdriver store, the way the Pump
@@ -21,13 +20,13 @@ type rig struct {
 	store *memdriver.Store
 	inst  driver.Instance
 	sub   driver.Subscription
-	hb    *workers.HeartbeatWorker
-	ren   *workers.LeaseRenewalWorker
-	claim *workers.ClaimWorker
-	mnt   *workers.MaintenanceWorker
+	hb    *HeartbeatWorker
+	ren   *LeaseRenewalWorker
+	claim *ClaimWorker
+	mnt   *MaintenanceWorker
 
 	mu         sync.Mutex
-	handles    []*workers.LeaseHandle
+	handles    []*LeaseHandle
 	works      []driver.Work
 	claimedAt  []time.Time
 	reconnects []time.Duration
@@ -42,22 +41,22 @@ func newRig(t *testing.T, store *memdriver.Store) *rig {
 		t.Fatal(err)
 	}
 	r.sub = sub
-	if r.hb, err = workers.NewHeartbeatWorker(workers.HeartbeatConfig{Coordinator: store, Instance: r.inst, Lock: sub}); err != nil {
+	if r.hb, err = NewHeartbeatWorker(HeartbeatConfig{Coordinator: store, Instance: r.inst, Lock: sub}); err != nil {
 		t.Fatal(err)
 	}
-	if r.ren, err = workers.NewLeaseRenewalWorker(workers.RenewalConfig{Coordinator: store, InstanceID: r.inst.ID}); err != nil {
+	if r.ren, err = NewLeaseRenewalWorker(RenewalConfig{Coordinator: store, InstanceID: r.inst.ID}); err != nil {
 		t.Fatal(err)
 	}
-	if r.mnt, err = workers.NewMaintenanceWorker(workers.MaintenanceConfig{Coordinator: store}); err != nil {
+	if r.mnt, err = NewMaintenanceWorker(MaintenanceConfig{Coordinator: store}); err != nil {
 		t.Fatal(err)
 	}
-	r.claim, err = workers.NewClaimWorker(workers.ClaimConfig{
+	r.claim, err = NewClaimWorker(ClaimConfig{
 		Coordinator: store,
 		InstanceID:  r.inst.ID,
 		Heartbeat:   r.hb.Beat,
 		Signals:     sub,
 		Sink: func(ctx context.Context, batch []driver.Work) {
-			start, _ := workers.ClaimStartedAt(ctx)
+			start, _ := ClaimStartedAt(ctx)
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			for _, w := range batch {
@@ -66,7 +65,7 @@ func newRig(t *testing.T, store *memdriver.Store) *rig {
 				r.claimedAt = append(r.claimedAt, start)
 			}
 		},
-		Hooks: workers.ClaimHooks{
+		Hooks: ClaimHooks{
 			OnReconnectCatchUp: func(d time.Duration) {
 				r.mu.Lock()
 				defer r.mu.Unlock()
@@ -103,10 +102,10 @@ func (r *rig) stop(t *testing.T) {
 	}
 }
 
-func (r *rig) claimed() ([]driver.Work, []time.Time, []*workers.LeaseHandle) {
+func (r *rig) claimed() ([]driver.Work, []time.Time, []*LeaseHandle) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]driver.Work(nil), r.works...), append([]time.Time(nil), r.claimedAt...), append([]*workers.LeaseHandle(nil), r.handles...)
+	return append([]driver.Work(nil), r.works...), append([]time.Time(nil), r.claimedAt...), append([]*LeaseHandle(nil), r.handles...)
 }
 
 func TestWorkersOverMemdriver(t *testing.T) {
@@ -208,7 +207,7 @@ func TestWorkersOverMemdriver(t *testing.T) {
 		if st := r.claim.Stats(); st.StartupCatchUps != 1 || st.Batches != 1 || st.Items != 3 || st.ReconnectCatchUps != 1 {
 			t.Fatalf("claim stats %+v", st)
 		}
-		if st := r.mnt.Stats(); st.Runs == 0 || st.Failures != 0 {
+		if st := r.mnt.stats(); st.Runs == 0 || st.Failures != 0 {
 			t.Fatalf("maintenance stats %+v (since %v)", st, time.Since(t0))
 		}
 		r.stop(t)
@@ -233,7 +232,7 @@ func TestWorkersOverMemdriverRenewalCapReissues(t *testing.T) {
 		// deadline cause, and once the lease runs out the row is re-issued
 		// to this instance with attempts+1.
 		<-h.Context().Done()
-		if !errors.Is(context.Cause(h.Context()), workers.ErrLeaseDeadline) || h.Renewals() != 6 {
+		if !errors.Is(context.Cause(h.Context()), ErrLeaseDeadline) || h.Renewals() != 6 {
 			t.Fatalf("cause %v, renewals %d", context.Cause(h.Context()), h.Renewals())
 		}
 		time.Sleep(5 * time.Minute)
@@ -242,7 +241,7 @@ func TestWorkersOverMemdriverRenewalCapReissues(t *testing.T) {
 			t.Fatalf("re-issue: %+v", works)
 		}
 		_, _, handles = r.claimed()
-		if !errors.Is(context.Cause(h.Context()), workers.ErrLeaseDeadline) {
+		if !errors.Is(context.Cause(h.Context()), ErrLeaseDeadline) {
 			t.Fatal("the old handle's cause changed")
 		}
 		for _, h := range handles {

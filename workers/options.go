@@ -7,7 +7,7 @@ import (
 	"github.com/workpump/workpump/driver"
 )
 
-// Spec defaults. The zero value of every options struct means these.
+// Defaults. The zero value of every options struct means these.
 const (
 	DefaultPollInterval              = 250 * time.Millisecond
 	DefaultMaxPollInterval           = 10 * time.Second
@@ -57,23 +57,23 @@ const NoLockLossEviction time.Duration = -1
 // ("no relaxed base"). It is the only negative value accepted.
 const TightPolling time.Duration = -1
 
-// OptionError is returned by the Validate methods. Its message starts with
+// optionError is returned by the Validate methods. Its message starts with
 // the field name, so a caller embedding the struct can prefix it
 // ("Claim." + "PollInterval: -1s, want > 0"). It wraps
 // driver.ErrInvalidArgument.
-type OptionError struct {
+type optionError struct {
 	Field string // the option's field name, e.g. "PollInterval"
 	Rule  string // what is wrong, e.g. "-1s, want > 0"
 }
 
 // Error returns "Field: Rule".
-func (e *OptionError) Error() string { return e.Field + ": " + e.Rule }
+func (e *optionError) Error() string { return e.Field + ": " + e.Rule }
 
 // Unwrap makes errors.Is(err, driver.ErrInvalidArgument) true.
-func (e *OptionError) Unwrap() error { return driver.ErrInvalidArgument }
+func (e *optionError) Unwrap() error { return driver.ErrInvalidArgument }
 
 func optErr(field, format string, args ...any) error {
-	return &OptionError{Field: field, Rule: fmt.Sprintf(format, args...)}
+	return &optionError{Field: field, Rule: fmt.Sprintf(format, args...)}
 }
 
 // ClaimOptions configures the ClaimWorker.
@@ -114,12 +114,12 @@ type ClaimOptions struct {
 	// their NOTIFY, whose commits Postgres serializes through their WAL
 	// flush. When fewer than half that many came within the trailing
 	// SelfPollLinger, it ends the period with the store's hand-shake and
-	// waits for signals again. It lifts the rate of one-item enqueue
-	// transactions a store can take (here from about 900 to the full
-	// 1 000/s asked, p50 4 ms); below the threshold nothing changes. A
-	// period keeps one pool connection (it holds the period's session
-	// lock). SelfPollMinItems 1 begins a period at any work and ends it
-	// after SelfPollLinger without work.
+	// waits for signals again. It raises the rate of one-item enqueue
+	// transactions a store can take where those NOTIFY commits are the
+	// limit; below the threshold nothing changes. A period keeps one pool
+	// connection (it holds the period's session lock). SelfPollMinItems 1
+	// begins a period at any work and ends it after SelfPollLinger without
+	// work.
 	SelfPolling      bool
 	SelfPollInterval time.Duration
 	SelfPollLinger   time.Duration
@@ -157,7 +157,8 @@ func (o ClaimOptions) WithDefaults() ClaimOptions {
 
 // Validate reports the first invalid field of o as it is (call it on the
 // result of WithDefaults: zero values are invalid where a default applies).
-// The error is an *OptionError.
+// The error wraps driver.ErrInvalidArgument; its text starts with the field
+// name.
 func (o ClaimOptions) Validate() error {
 	switch {
 	case o.PollInterval <= 0:
@@ -278,7 +279,8 @@ func validateLockLostAfter(d time.Duration) error {
 }
 
 // Validate reports the first invalid field of o as it is (call it on the
-// result of WithDefaults). The error is an *OptionError.
+// result of WithDefaults). The error wraps driver.ErrInvalidArgument; its
+// text starts with the field name.
 func (o HeartbeatOptions) Validate() error {
 	switch {
 	case o.Interval <= 0:
@@ -353,10 +355,11 @@ func (o RenewalOptions) WithDefaults() RenewalOptions {
 }
 
 // Validate reports the first invalid field of o as it is (call it on the
-// result of WithDefaults). The error is an *OptionError. The rule that ties
-// LeaseGrace to the claim lease is checked by ValidateLease.
+// result of WithDefaults). The error wraps driver.ErrInvalidArgument; its
+// text starts with the field name. LeaseGrace must also be below the claim
+// lease; the renewal worker and the Pump check that rule.
 func (o RenewalOptions) Validate() error {
-	if err := o.Flusher().Validate(); err != nil {
+	if err := o.flusherOptions().Validate(); err != nil {
 		return err
 	}
 	switch {
@@ -368,9 +371,9 @@ func (o RenewalOptions) Validate() error {
 	return nil
 }
 
-// ValidateLease checks the rule between o and the claim lease: the grace
+// validateLease checks the rule between o and the claim lease: the grace
 // must leave part of the lease to run in.
-func (o RenewalOptions) ValidateLease(lease time.Duration) error {
+func (o RenewalOptions) validateLease(lease time.Duration) error {
 	if o.LeaseGrace >= lease {
 		return optErr("LeaseGrace", "%v, want < the claim Lease (%v)", o.LeaseGrace, lease)
 	}
@@ -378,7 +381,7 @@ func (o RenewalOptions) ValidateLease(lease time.Duration) error {
 }
 
 // Flusher returns the batch flusher part of o.
-func (o RenewalOptions) Flusher() FlusherOptions {
+func (o RenewalOptions) flusherOptions() FlusherOptions {
 	return FlusherOptions{
 		MaxBatch:         o.MaxBatch,
 		CoalesceWindow:   o.CoalesceWindow,
@@ -398,7 +401,8 @@ type FlusherOptions struct {
 	DrainTimeout     time.Duration // bound of the final flush at Close
 }
 
-// Validate reports the first invalid field of o. The error is an *OptionError.
+// Validate reports the first invalid field of o. The error wraps
+// driver.ErrInvalidArgument; its text starts with the field name.
 func (o FlusherOptions) Validate() error {
 	switch {
 	case o.MaxBatch <= 0:
@@ -475,7 +479,8 @@ func (o MaintenanceOptions) WithDefaults() MaintenanceOptions {
 }
 
 // Validate reports the first invalid field of o as it is (call it on the
-// result of WithDefaults). The error is an *OptionError.
+// result of WithDefaults). The error wraps driver.ErrInvalidArgument; its
+// text starts with the field name.
 func (o MaintenanceOptions) Validate() error {
 	switch {
 	case o.Interval <= 0:

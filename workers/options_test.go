@@ -12,7 +12,7 @@ import (
 	"github.com/workpump/workpump/driver"
 )
 
-func TestWithDefaultsEqualsSpec(t *testing.T) {
+func TestWithDefaults(t *testing.T) {
 	if got, want := (ClaimOptions{}).WithDefaults(), (ClaimOptions{
 		PollInterval:              250 * time.Millisecond,
 		MaxPollInterval:           10 * time.Second,
@@ -61,7 +61,7 @@ func TestWithDefaultsEqualsSpec(t *testing.T) {
 		ClaimOptions{}.WithDefaults().Validate(),
 		HeartbeatOptions{}.WithDefaults().Validate(),
 		RenewalOptions{}.WithDefaults().Validate(),
-		RenewalOptions{}.WithDefaults().ValidateLease(DefaultLease),
+		RenewalOptions{}.WithDefaults().validateLease(DefaultLease),
 		MaintenanceOptions{}.WithDefaults().Validate(),
 	} {
 		if err != nil {
@@ -136,9 +136,9 @@ func TestOptionValidationNamesTheField(t *testing.T) {
 			case MaintenanceOptions:
 				err = o.WithDefaults().Validate()
 			}
-			var oe *OptionError
+			var oe *optionError
 			if !errors.As(err, &oe) || oe.Field != tc.field {
-				t.Fatalf("Validate() = %v, want an *OptionError for %s", err, tc.field)
+				t.Fatalf("Validate() = %v, want an *optionError for %s", err, tc.field)
 			}
 			if !errors.Is(err, driver.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), tc.field+": ") {
 				t.Fatalf("error %q must start with the field name and wrap ErrInvalidArgument", err)
@@ -163,9 +163,9 @@ func TestOptionValidationNamesTheField(t *testing.T) {
 	if err := (ClaimOptions{}).Validate(); err == nil || !strings.HasPrefix(err.Error(), "PollInterval: 0s, want > 0") {
 		t.Fatalf("zero options validated without defaults: %v", err)
 	}
-	var oe *OptionError
-	if err := (RenewalOptions{}).WithDefaults().ValidateLease(20 * time.Second); !errors.As(err, &oe) || oe.Field != "LeaseGrace" {
-		t.Fatalf("ValidateLease: %v", err)
+	var oe *optionError
+	if err := (RenewalOptions{}).WithDefaults().validateLease(20 * time.Second); !errors.As(err, &oe) || oe.Field != "LeaseGrace" {
+		t.Fatalf("validateLease: %v", err)
 	}
 }
 

@@ -69,9 +69,9 @@ type RenewalStats struct {
 
 // LeaseRenewalWorker keeps the leases of running dispatches alive. Each
 // dispatch acquires a LeaseHandle; handles queue renewal requests (by
-// themselves when a third of the lease is left, or through RequestRenewal),
+// themselves when a third of the lease is left, or through requestRenewal),
 // a BatchFlusher coalesces the requests, and each flush asks every handle
-// first (TryExtendDeadline: the per-dispatch cap) and then calls RenewLeases
+// first (tryExtendDeadline: the per-dispatch cap) and then calls RenewLeases
 // once per category with the ids whose handle agreed. A renewal the store
 // confirms moves the handle's deadline; an id the store reports lost cancels
 // the handle's context with cause driver.ErrLeaseLost.
@@ -111,7 +111,7 @@ func NewLeaseRenewalWorker(cfg RenewalConfig) (*LeaseRenewalWorker, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("workers: renewal worker: %w", err)
 	}
-	if err := opts.ValidateLease(cfg.Lease); err != nil {
+	if err := opts.validateLease(cfg.Lease); err != nil {
 		return nil, fmt.Errorf("workers: renewal worker: %w", err)
 	}
 	return &LeaseRenewalWorker{
@@ -132,7 +132,7 @@ func (w *LeaseRenewalWorker) Start(ctx context.Context) error {
 	if err != nil || !started {
 		return err
 	}
-	f, err := StartBatchFlusher(w.opts.Flusher(), w.flush, w.logger)
+	f, err := StartBatchFlusher(w.opts.flusherOptions(), w.flush, w.logger)
 	if err != nil {
 		return err // unreachable: options were validated
 	}
@@ -143,7 +143,7 @@ func (w *LeaseRenewalWorker) Start(ctx context.Context) error {
 }
 
 // Stop flushes the queued requests (bounded by DrainTimeout and ctx), then
-// ends every remaining handle (cause ErrLeaseReleased): stop the worker
+// ends every remaining handle (cause errLeaseReleased): stop the worker
 // after the dispatcher has drained. Idempotent.
 func (w *LeaseRenewalWorker) Stop(ctx context.Context) error {
 	_ = w.life.stop(ctx)
@@ -155,7 +155,7 @@ func (w *LeaseRenewalWorker) Stop(ctx context.Context) error {
 	var err error
 	if f != nil {
 		err = f.Close(ctx)
-		w.dropped.Add(f.Stats().Dropped)
+		w.dropped.Add(f.stats().Dropped)
 	}
 	w.mu.Lock()
 	hs := make([]*LeaseHandle, 0, len(w.handles))
@@ -201,19 +201,19 @@ func (w *LeaseRenewalWorker) Acquire(parent context.Context, work driver.Work, c
 	return h
 }
 
-// Lookup returns the registered handle of a row.
-func (w *LeaseRenewalWorker) Lookup(c driver.Category, id uuid.UUID) (*LeaseHandle, bool) {
+// lookup returns the registered handle of a row.
+func (w *LeaseRenewalWorker) lookup(c driver.Category, id uuid.UUID) (*LeaseHandle, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h, ok := w.handles[LeaseKey{Category: c, ID: id}]
 	return h, ok
 }
 
-// RequestRenewal queues a renewal request for a row. The flush decides,
+// requestRenewal queues a renewal request for a row. The flush decides,
 // through the row's handle, whether it is renewed. It returns false when the
 // worker is not running or the queue is full (the request is dropped and
 // counted; the handle asks again).
-func (w *LeaseRenewalWorker) RequestRenewal(c driver.Category, id uuid.UUID) bool {
+func (w *LeaseRenewalWorker) requestRenewal(c driver.Category, id uuid.UUID) bool {
 	w.mu.Lock()
 	f := w.flusher
 	w.mu.Unlock()
@@ -240,7 +240,7 @@ func (w *LeaseRenewalWorker) Stats() RenewalStats {
 		Overruns:  w.overruns.Load(),
 	}
 	if f != nil {
-		s.Dropped += f.Stats().Dropped
+		s.Dropped += f.stats().Dropped
 	}
 	return s
 }
@@ -287,8 +287,8 @@ func (w *LeaseRenewalWorker) flush(ctx context.Context, keys []LeaseKey) error {
 			continue
 		}
 		w.requested.Add(1)
-		h, ok := w.Lookup(k.Category, k.ID)
-		if !ok || !h.TryExtendDeadline() {
+		h, ok := w.lookup(k.Category, k.ID)
+		if !ok || !h.tryExtendDeadline() {
 			handles[k] = nil
 			w.skipped.Add(1)
 			continue

@@ -68,7 +68,7 @@ func TestRenewalGroupsPerCategory(t *testing.T) {
 		r := w.Acquire(ctx, wk(driver.Receptor), t0)
 		time.Sleep(sec(10))
 		for _, h := range []*LeaseHandle{d, b, r, a, e, c, a} { // a twice: one renewal
-			w.RequestRenewal(h.Key().Category, h.Key().ID)
+			w.requestRenewal(h.Key().Category, h.Key().ID)
 		}
 		time.Sleep(sec(1))
 
@@ -125,17 +125,17 @@ func TestRenewalCapStopsAtMaxRenewals(t *testing.T) {
 		h := w.Acquire(context.Background(), wk(driver.Outbox), t0)
 		for i := range 8 {
 			time.Sleep(sec(10))
-			if ok := h.RequestRenewal(); ok != (i < 6) {
-				t.Fatalf("request %d: RequestRenewal = %v", i+1, ok)
+			if ok := h.requestRenewal(); ok != (i < 6) {
+				t.Fatalf("request %d: requestRenewal = %v", i+1, ok)
 			}
-			w.RequestRenewal(driver.Outbox, h.Key().ID) // a request the handle must refuse past the cap
+			w.requestRenewal(driver.Outbox, h.Key().ID) // a request the handle must refuse past the cap
 		}
 		time.Sleep(sec(1))
 		if n := len(coord.of("renew")); n != 6 {
 			t.Fatalf("%d RenewLeases calls, want exactly 6", n)
 		}
-		if h.Renewals() != 6 || h.TryExtendDeadline() {
-			t.Fatalf("renewals %d; TryExtendDeadline must refuse past the cap", h.Renewals())
+		if h.Renewals() != 6 || h.tryExtendDeadline() {
+			t.Fatalf("renewals %d; tryExtendDeadline must refuse past the cap", h.Renewals())
 		}
 		if st := w.Stats(); st.Calls != 6 || st.Skipped != 2 {
 			t.Fatalf("stats %+v", st)
@@ -162,15 +162,15 @@ func TestRenewalSkipsDisposedHandles(t *testing.T) {
 		b := w.Acquire(context.Background(), wk(driver.Outbox), t0)
 		b.Dispose()
 		b.Dispose() // idempotent
-		if !errors.Is(context.Cause(b.Context()), ErrLeaseReleased) || b.TryExtendDeadline() || b.RequestRenewal() {
+		if !errors.Is(context.Cause(b.Context()), errLeaseReleased) || b.tryExtendDeadline() || b.requestRenewal() {
 			t.Fatal("a disposed handle must be ended and refuse renewal")
 		}
-		if _, ok := w.Lookup(driver.Outbox, b.Key().ID); ok {
+		if _, ok := w.lookup(driver.Outbox, b.Key().ID); ok {
 			t.Fatal("disposed handle still registered")
 		}
-		w.RequestRenewal(driver.Outbox, a.Key().ID)
-		w.RequestRenewal(driver.Outbox, b.Key().ID)
-		w.RequestRenewal(driver.Inbox, uuid.New()) // never acquired
+		w.requestRenewal(driver.Outbox, a.Key().ID)
+		w.requestRenewal(driver.Outbox, b.Key().ID)
+		w.requestRenewal(driver.Inbox, uuid.New()) // never acquired
 		time.Sleep(sec(1))
 		got := renewCalls(coord)
 		if len(got) != 1 || !slices.Equal(got[0].IDs, []uuid.UUID{a.Key().ID}) {
@@ -191,10 +191,10 @@ func TestRenewalReceptorNeverRenewed(t *testing.T) {
 		startRenewal(t, w)
 		t0 := time.Now()
 		h := w.Acquire(context.Background(), wk(driver.Receptor), t0)
-		if h.RequestRenewal() || h.TryExtendDeadline() {
+		if h.requestRenewal() || h.tryExtendDeadline() {
 			t.Fatal("receptor handle accepted renewal")
 		}
-		w.RequestRenewal(driver.Receptor, h.Key().ID)
+		w.requestRenewal(driver.Receptor, h.Key().ID)
 		if at := doneAt(h.Context(), t0); at != sec(270) {
 			t.Fatalf("receptor context ended at %v, want 270s (lease − grace)", at)
 		}
@@ -231,8 +231,8 @@ func TestRenewalLostCancelsWithErrLeaseLost(t *testing.T) {
 		b := w.Acquire(context.Background(), wk(driver.Inbox), t0)
 		lostID = b.Key().ID
 		time.Sleep(sec(5))
-		a.RequestRenewal()
-		b.RequestRenewal()
+		a.requestRenewal()
+		b.requestRenewal()
 		if at := doneAt(b.Context(), t0); at != sec(5.2) {
 			t.Fatalf("lost handle ended at %v, want at the flush (5.2s)", at)
 		}
@@ -242,7 +242,7 @@ func TestRenewalLostCancelsWithErrLeaseLost(t *testing.T) {
 		if a.Context().Err() != nil || a.Deadline().Sub(t0) != sec(275.2) {
 			t.Fatalf("renewed handle: err %v, deadline %v", a.Context().Err(), a.Deadline().Sub(t0))
 		}
-		if b.TryExtendDeadline() {
+		if b.tryExtendDeadline() {
 			t.Fatal("a lost handle accepted renewal")
 		}
 		a.Dispose()
@@ -268,8 +268,8 @@ func TestRenewalUnknownInstanceLosesAll(t *testing.T) {
 		t0 := time.Now()
 		a := w.Acquire(context.Background(), wk(driver.Outbox), t0)
 		b := w.Acquire(context.Background(), wk(driver.Outbox), t0)
-		a.RequestRenewal()
-		b.RequestRenewal()
+		a.requestRenewal()
+		b.requestRenewal()
 		<-a.Context().Done()
 		<-b.Context().Done()
 		for _, h := range []*LeaseHandle{a, b} {
@@ -392,7 +392,7 @@ func TestLeaseHandleParentAndReplacement(t *testing.T) {
 			t.Fatalf("old cause %v", context.Cause(old.Context()))
 		}
 		old.Dispose()
-		if h, ok := w.Lookup(driver.Inbox, item.ID); !ok || h != cur {
+		if h, ok := w.lookup(driver.Inbox, item.ID); !ok || h != cur {
 			t.Fatal("disposing the old handle unregistered the new one")
 		}
 		cancel()
@@ -410,17 +410,17 @@ func TestRenewalStopEndsHandles(t *testing.T) {
 		w := newRenewal(t, coord, 0, RenewalOptions{}, nil)
 		startRenewal(t, w)
 		h := w.Acquire(context.Background(), wk(driver.Outbox), time.Now())
-		h.RequestRenewal() // queued: Stop flushes it first
+		h.requestRenewal() // queued: Stop flushes it first
 		stop(t, w)
 		stop(t, w) // idempotent
 		if n := len(coord.of("renew")); n != 1 {
 			t.Fatalf("%d renew calls, want the queued one flushed at Stop", n)
 		}
-		if !errors.Is(context.Cause(h.Context()), ErrLeaseReleased) {
+		if !errors.Is(context.Cause(h.Context()), errLeaseReleased) {
 			t.Fatalf("cause %v", context.Cause(h.Context()))
 		}
 		late := w.Acquire(context.Background(), wk(driver.Outbox), time.Now())
-		if late.Context().Err() == nil || late.RequestRenewal() || w.RequestRenewal(driver.Outbox, uuid.New()) {
+		if late.Context().Err() == nil || late.requestRenewal() || w.requestRenewal(driver.Outbox, uuid.New()) {
 			t.Fatal("a stopped worker handed out a live handle or took a request")
 		}
 		if err := w.Start(context.Background()); !errors.Is(err, ErrStopped) {
