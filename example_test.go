@@ -9,7 +9,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/workpump/workpump"
-	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/memdriver"
 )
 
@@ -46,7 +45,7 @@ func Example_unitTestingAHandler() {
 	_ = p.Start(ctx)
 	defer p.Stop(ctx)
 
-	_, _ = p.Enqueue(ctx, driver.NewWork{
+	_, _ = p.Enqueue(ctx, workpump.NewWork{
 		Category: workpump.Outbox, Name: "email", MessageType: "Reminder",
 		Payload: []byte("ada@example.com"), ScheduledFor: clock.Now().Add(time.Hour),
 	})
@@ -83,10 +82,33 @@ func ExamplePump() {
 	if err := p.Start(ctx); err != nil {
 		panic(err)
 	}
-	_, _ = p.Enqueue(ctx, driver.NewWork{Category: workpump.Inbox, StreamID: "invoice-42", Name: "invoice-paid", MessageType: "InvoicePaid"})
+	_, _ = p.Enqueue(ctx, workpump.NewWork{Category: workpump.Inbox, StreamID: "invoice-42", Name: "invoice-paid", MessageType: "InvoicePaid"})
 	<-done
 	if err := p.Stop(ctx); err != nil {
 		panic(err)
 	}
 	// Output: handled InvoicePaid on stream invoice-42 (attempt 1)
+}
+
+// A handler reads which attempt runs, on which instance, from its context;
+// a driver's CompleteDeliveryTx reads the same delivery to complete the item
+// in the handler's own transaction.
+func ExampleDeliveryFrom() {
+	ctx := context.Background()
+	p, _ := workpump.New(memdriver.New(memdriver.Options{}), workpump.Options{Logger: hclog.NewNullLogger()})
+	done := make(chan struct{})
+	_ = p.Handle(workpump.Outbox, "billing", func(ctx context.Context, w workpump.Work) error {
+		d := workpump.DeliveryFrom(ctx)
+		fmt.Println("attempt", d.Work.Attempts, "of this item:", d.Work.Ref() == w.Ref(), "on this instance:", d.InstanceID == p.ID())
+		close(done)
+		return nil
+	})
+	_ = p.Start(ctx)
+	_, _ = p.Enqueue(ctx, workpump.NewWork{Category: workpump.Outbox, StreamID: "order-7", Name: "billing"})
+	<-done
+	_ = p.Stop(ctx)
+	fmt.Println("outside a handler:", workpump.DeliveryFrom(ctx) == nil)
+	// Output:
+	// attempt 1 of this item: true on this instance: true
+	// outside a handler: true
 }
