@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/workpump/workpump/driver"
-	"github.com/workpump/workpump/internal/pgcall"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -28,12 +27,12 @@ func TestClaimGate_AgreesWithTheFunction(t *testing.T) {
 	schema := c.Schema()
 	inst := uuid.Must(uuid.NewV7())
 	register(t, c, inst)
-	claimSQL := pgcall.Claim.SQL(schema, pgcall.Dollar)
+	claimText := stmt(c, "claim")
 	var dbNow time.Time
 	if err := c.Pool().QueryRow(ctx, "SELECT now()").Scan(&dbNow); err != nil {
 		t.Fatal(err)
 	}
-	all := pgcall.CategoryNames(driver.ClaimRequest{})
+	all := allCategoryNames()
 
 	// check evaluates the gate and the function (in a transaction rolled
 	// back, so the store keeps its state) and wants the gate to be want
@@ -50,7 +49,7 @@ func TestClaimGate_AgreesWithTheFunction(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		rows, err := tx.Query(ctx, claimSQL, id, cats, int64(time.Minute), int32(10), at)
+		rows, err := tx.Query(ctx, claimText, id, cats, int64(time.Minute), int32(10), at)
 		n := 0
 		if err == nil {
 			for rows.Next() {
@@ -131,7 +130,7 @@ func TestGatedClaim_IdleClaimNeverStartsTheFunction(t *testing.T) {
 		t.Helper()
 		var plan []map[string]any
 		if err := c.Pool().QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+claimSQL(c, driver.Categories),
-			inst, pgcall.CategoryNames(driver.ClaimRequest{}), int64(time.Minute), int32(10), nil).Scan(&plan); err != nil {
+			inst, allCategoryNames(), int64(time.Minute), int32(10), nil).Scan(&plan); err != nil {
 			t.Fatal(err)
 		}
 		var walk func(n map[string]any) float64

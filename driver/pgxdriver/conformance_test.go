@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/workpump/workpump/conformance"
 	"github.com/workpump/workpump/internal/pgfault"
 	"github.com/workpump/workpump/internal/pgtest"
@@ -131,41 +129,7 @@ func (f *faults) HoldAliveLock(id uuid.UUID) (func(), error) {
 }
 
 func holdAliveLock(t testing.TB, c *Coordinator, id uuid.UUID) (func(), error) {
-	ctx := context.Background()
-	conn, err := pgx.ConnectConfig(ctx, c.Pool().Config().ConnConfig.Copy())
-	if err != nil {
-		return nil, err
-	}
-	var held bool
-	if err := conn.QueryRow(ctx, stmt(c, "tryLock"), id).Scan(&held); err != nil {
-		_ = conn.Close(ctx)
-		return nil, err
-	}
-	waitCtx, cancelWait := context.WithCancel(ctx)
-	waited := make(chan struct{})
-	if held {
-		close(waited)
-	} else {
-		go func() {
-			defer close(waited)
-			_, _ = conn.Exec(waitCtx, `SELECT pg_advisory_lock(`+`"`+c.Schema()+`"`+`.wp_alive_lock_key($1::uuid))`, id)
-		}()
-	}
-	var once sync.Once
-	release := func() {
-		once.Do(func() {
-			cancelWait()
-			<-waited
-			if !conn.IsClosed() {
-				if _, err := conn.Exec(ctx, stmt(c, "unlock"), id); err != nil {
-					t.Logf("HoldAliveLock release: unlock: %v", err)
-				}
-			}
-			_ = conn.Close(ctx)
-		})
-	}
-	t.Cleanup(release)
-	return release, nil
+	return pgtest.HoldAliveLock(t, c.Schema(), id)
 }
 
 func TestConformance(t *testing.T) {

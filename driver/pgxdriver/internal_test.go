@@ -43,3 +43,12 @@ func reopen(t testing.TB, c *Coordinator, f func(*Options)) *Coordinator {
 }
 
 func signalsOn(c *Coordinator) bool { on, _ := c.Signals(); return on }
+
+// allCategoryNames is the categories argument of a claim of every category.
+func allCategoryNames() []string {
+	out := make([]string, len(driver.Categories))
+	for i, c := range driver.Categories {
+		out[i] = string(c)
+	}
+	return out
+}

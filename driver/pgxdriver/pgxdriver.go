@@ -114,7 +114,7 @@ func Dialect(prepared bool) pgcore.Dialect {
 			}
 			return out
 		},
-		UUID:               func(id uuid.UUID) any { return [16]byte(id) },
+		UUID:               func(id uuid.UUID) any { return id },
 		PreparesStatements: prepared,
 	}
 }
@@ -197,6 +197,15 @@ func StdlibDialer(db *sql.DB) pgcore.Dialer {
 	}
 }
 
+// OnStdlib reports whether conn is a connection of pgx's stdlib driver.
+func OnStdlib(conn *sql.Conn) (ok bool) {
+	_ = conn.Raw(func(dc any) error {
+		_, ok = dc.(*stdlib.Conn)
+		return nil
+	})
+	return ok
+}
+
 // StdlibCopy runs COPY FROM STDIN on conn, a database/sql connection of
 // pgx's stdlib driver, whose transaction (if any) is idle between
 // statements. ok is false, and nothing is sent, on another driver.
@@ -233,4 +242,3 @@ func (s session) WaitForNotification(ctx context.Context) (string, error) {
 }
 func (s session) PID() uint32                     { return s.c.PgConn().PID() }
 func (s session) Close(ctx context.Context) error { return s.c.Close(ctx) }
-

@@ -651,7 +651,11 @@ func TestSimpleProtocolListenerWithDirectDSN(t *testing.T) {
 // INSERT of wp_enqueue and COPY (EnqueueCopyThreshold).
 func enqueuePaths(t *testing.T, f func(t *testing.T, useCopy func(*Coordinator) *Coordinator)) {
 	t.Run("insert", func(t *testing.T) { f(t, func(c *Coordinator) *Coordinator { return c }) })
-	t.Run("copy", func(t *testing.T) { f(t, func(c *Coordinator) *Coordinator { return reopen(t, c, func(o *Options) { o.EnqueueCopyThreshold = 1 }) }) })
+	t.Run("copy", func(t *testing.T) {
+		f(t, func(c *Coordinator) *Coordinator {
+			return reopen(t, c, func(o *Options) { o.EnqueueCopyThreshold = 1 })
+		})
+	})
 }
 
 // TestEnqueueTx: rows and their NOTIFY become visible only at commit; a
