@@ -3,13 +3,12 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
 
 	"github.com/workpump/workpump/driver"
-	"github.com/workpump/workpump/internal/pgcall"
+	"github.com/workpump/workpump/driver/sqldriver"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -78,11 +77,13 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintf(stdout, "schema %s is up to date (version %d)\n", *schema, migrations.Latest())
 		}
 		if *partitions != 0 {
-			var rec int32
-			if err := sdb.QueryRowContext(ctx, pgcall.PartitionCount.SQL(*schema, pgcall.Dollar), int32(*partitions), nil).Scan(&rec); err != nil {
-				return fmt.Errorf("record the partition count: %w", err)
+			// CheckSchema records the count when none is, and refuses
+			// another one.
+			c, err := sqldriver.New(sdb, sqldriver.Options{Schema: *schema, PartitionCount: *partitions, DisableListener: true})
+			if err != nil {
+				return fmt.Errorf("--partition-count: %w", err)
 			}
-			if err := pgcall.CheckPartitionCount(*schema, *partitions, int(rec)); err != nil {
+			if err := c.CheckSchema(ctx); err != nil {
 				return fmt.Errorf("--partition-count: %w", err)
 			}
 		}
@@ -128,14 +129,11 @@ const partitionCountVersion = 5
 // recording one; ok is false when none is recorded yet or the schema
 // predates partitionCountVersion.
 func recordedPartitionCount(ctx context.Context, db *sql.DB, schema string) (n int, ok bool, err error) {
-	err = db.QueryRowContext(ctx, pgcall.RecordedPartitionCountSQL(schema)).Scan(&n)
-	switch {
-	case errors.Is(err, sql.ErrNoRows) || pgcall.IsUndefinedTable(err):
-		return 0, false, nil
-	case err != nil:
+	c, err := sqldriver.New(db, sqldriver.Options{Schema: schema, DisableListener: true})
+	if err != nil {
 		return 0, false, err
 	}
-	return n, true, nil
+	return c.RecordedPartitionCount(ctx)
 }
 
 // partitionLine says which partition count schema records.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/pgxdriver"
-	"github.com/workpump/workpump/internal/pgcall"
 	"github.com/workpump/workpump/migrations"
 )
 
@@ -70,22 +68,14 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// partition count in a schema that records none.
 	sdb := sqlDB(pool)
 	defer sdb.Close()
-	var version sql.NullInt64
-	err = sdb.QueryRowContext(ctx, pgcall.VersionSQL(*schema)).Scan(&version)
-	if pgcall.IsUndefinedTable(err) {
-		err, version = nil, sql.NullInt64{}
-	}
-	if err != nil {
-		return err
-	}
-	if _, err := pgcall.SchemaVersionError(*schema, int(version.Int64)); err != nil {
-		return err
-	}
-	partitions, recorded, err := recordedPartitionCount(ctx, sdb, *schema)
-	if err != nil {
-		return err
-	}
 	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *schema, DisableListener: true})
+	if err != nil {
+		return err
+	}
+	if err := coord.CheckVersion(ctx); err != nil {
+		return err
+	}
+	partitions, recorded, err := coord.RecordedPartitionCount(ctx)
 	if err != nil {
 		return err
 	}

@@ -64,8 +64,8 @@ func TestNewRejectsBadArguments(t *testing.T) {
 	if err != nil || c.Schema() != "public" {
 		t.Fatalf("defaults: %v, schema %q", err, c.Schema())
 	}
-	if mode, _ := c.ListenerMode(); mode != bundriver.ListenerUndecided {
-		t.Fatalf("ListenerMode before Listen = %s", mode)
+	if on, why := c.Signals(); !on {
+		t.Fatalf("signals off before any Listen on pgx's stdlib: %s", why)
 	}
 }
 
@@ -139,8 +139,8 @@ func TestListenerDerivedFromPgxStdlib(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if mode, _ := c.ListenerMode(); mode != bundriver.ListenerDerived {
-		t.Fatalf("mode %s, want %s", mode, bundriver.ListenerDerived)
+	if on, why := c.Signals(); !on {
+		t.Fatalf("signals off (%s), want the listener derived from pgx's stdlib", why)
 	}
 	if !sub.Available() || !sub.AliveLockHeld() || !lockHeld(t, c, id) {
 		t.Fatalf("Available=%v AliveLockHeld=%v Inspector=%v, want all true", sub.Available(), sub.AliveLockHeld(), lockHeld(t, c, id))
@@ -174,9 +174,9 @@ func TestListenerPollOnlyOnPgdriver(t *testing.T) {
 			t.Fatalf("poll-only subscription: Available=%v AliveLockHeld=%v, want false", sub.Available(), sub.AliveLockHeld())
 		}
 	}
-	mode, why := c.ListenerMode()
-	if mode != bundriver.ListenerPollOnly || !strings.Contains(why, "pgdriver") || !strings.Contains(why, "ListenerConnString") {
-		t.Fatalf("mode %s (%s), want poll-only naming pgdriver and ListenerConnString", mode, why)
+	on, why := c.Signals()
+	if on || !strings.Contains(why, "pgdriver") || !strings.Contains(why, "ListenerConnString") {
+		t.Fatalf("signals %v (%s), want poll-only naming pgdriver and ListenerConnString", on, why)
 	}
 	if n := strings.Count(logs.String(), "[WARN]"); n != 1 || !strings.Contains(logs.String(), "polling only") {
 		t.Fatalf("want exactly one warning about polling only, got %d in:\n%s", n, logs.String())
@@ -217,8 +217,8 @@ func TestPollOnlyEndsWithContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if mode, why := c.ListenerMode(); mode != bundriver.ListenerPollOnly || !strings.Contains(why, "DisableListener") {
-		t.Fatalf("mode %s (%s)", mode, why)
+	if on, why := c.Signals(); on || !strings.Contains(why, "DisableListener") {
+		t.Fatalf("signals %v (%s)", on, why)
 	}
 	cancel()
 	select {
@@ -251,8 +251,9 @@ func TestListenerConfiguredForPgdriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	if mode, _ := c.ListenerMode(); mode != bundriver.ListenerConfigured || !sub.AliveLockHeld() || !lockHeld(t, c, id) {
-		t.Fatalf("mode %s, AliveLockHeld=%v", mode, sub.AliveLockHeld())
+	if on, _ := c.Signals(); !on || !sub.AliveLockHeld() || !lockHeld(t, c, id) {
+		on, _ := c.Signals()
+		t.Fatalf("signals %v, AliveLockHeld=%v", on, sub.AliveLockHeld())
 	}
 	if _, err := c.Enqueue(t.Context(), []driver.NewWork{{Category: driver.Inbox, Name: "h"}}); err != nil {
 		t.Fatal(err)
@@ -267,8 +268,9 @@ func TestListenerConfiguredForPgdriver(t *testing.T) {
 	}
 }
 
-// A coordinator over a bun.Tx cannot reach a connection to derive from.
-func TestListenerPollOnlyOnTxHandle(t *testing.T) {
+// A coordinator needs the *bun.DB: a transaction handle is refused with a
+// clear error (transactions go to EnqueueTx).
+func TestNewRefusesATxHandle(t *testing.T) {
 	t.Parallel()
 	db := bunDB(t, setupPgx)
 	tx, err := db.BeginTx(t.Context(), nil)
@@ -277,17 +279,8 @@ func TestListenerPollOnlyOnTxHandle(t *testing.T) {
 	}
 	defer tx.Rollback()
 	c, err := bundriver.New(tx, bundriver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	sub, err := c.Listen(t.Context(), uuid.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	if mode, why := c.ListenerMode(); mode != bundriver.ListenerPollOnly || !strings.Contains(why, "bun.Tx") {
-		t.Fatalf("mode %s (%s), want poll-only naming bun.Tx", mode, why)
+	if !errors.Is(err, driver.ErrInvalidArgument) || !strings.Contains(err.Error(), "bun.Tx") || c != nil {
+		t.Fatalf("New(bun.Tx) = %v, %v; want ErrInvalidArgument naming bun.Tx", c, err)
 	}
 }
 

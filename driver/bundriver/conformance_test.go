@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/workpump/workpump/conformance"
 	"github.com/workpump/workpump/driver/bundriver"
+	"github.com/workpump/workpump/driver/pgxdriver"
 	"github.com/workpump/workpump/internal/pgtest"
 )
 
@@ -49,7 +50,7 @@ func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformanc
 			t.Fatal(err)
 		}
 		lc.Tracer = listeners
-		opts.ListenerConfig = lc
+		opts.ListenerDialer = pgxdriver.SessionDialer(lc)
 	}
 	c := newCoordinator(t, h.setup, opts)
 	return conformance.Store{Coordinator: c, Faults: &faults{t: t, schema: schema}, Pauses: pgtest.Pauser{T: t, Schema: schema}}
@@ -79,8 +80,12 @@ func (l *listenerTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, da
 	if !strings.Contains(data.SQL, "pg_try_advisory_lock") || len(data.Args) != 1 {
 		return ctx
 	}
-	id, ok := data.Args[0].(uuid.UUID)
+	s, ok := data.Args[0].(string)
 	if !ok {
+		return ctx
+	}
+	id, err := uuid.Parse(s)
+	if err != nil {
 		return ctx
 	}
 	l.mu.Lock()
@@ -138,43 +143,7 @@ func (f *faults) InterruptListener(id uuid.UUID) error { return listeners.termin
 // idles, as a half-open peer's server session would. When the lock is taken
 // already, the session waits for it.
 func (f *faults) HoldAliveLock(id uuid.UUID) (func(), error) {
-	ctx := context.Background()
-	schema := f.schema
-	conn, err := pgx.ConnectConfig(ctx, pgtest.Config(f.t, pgx.QueryExecModeExec).ConnConfig)
-	if err != nil {
-		return nil, err
-	}
-	key := `"` + schema + `".wp_alive_lock_key($1::uuid)`
-	var held bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+key+`)`, id).Scan(&held); err != nil {
-		_ = conn.Close(ctx)
-		return nil, err
-	}
-	waitCtx, cancelWait := context.WithCancel(ctx)
-	waited := make(chan struct{})
-	if held {
-		close(waited)
-	} else {
-		go func() {
-			defer close(waited)
-			_, _ = conn.Exec(waitCtx, `SELECT pg_advisory_lock(`+key+`)`, id)
-		}()
-	}
-	var once sync.Once
-	release := func() {
-		once.Do(func() {
-			cancelWait()
-			<-waited
-			if !conn.IsClosed() {
-				if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(`+key+`)`, id); err != nil {
-					f.t.Logf("HoldAliveLock release: unlock: %v", err)
-				}
-			}
-			_ = conn.Close(ctx)
-		})
-	}
-	f.t.Cleanup(release)
-	return release, nil
+	return pgtest.HoldAliveLock(f.t, f.schema, id)
 }
 
 // TestConformance runs the shared suite on bun over pgx's stdlib (simple
@@ -191,7 +160,7 @@ func TestConformanceCopyEnqueue(t *testing.T) {
 }
 
 // TestConformancePgdriver runs the suite on bun over its own pgdriver, with
-// the listener on Options.ListenerConfig.
+// the listener on Options.ListenerDialer.
 func TestConformancePgdriver(t *testing.T) {
 	conformance.Run(t, harness{setup: setupPgdriver})
 }

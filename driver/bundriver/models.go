@@ -190,7 +190,7 @@ func TableExpr(schema string, model any) (string, error) {
 // model that is not a pump model makes the query fail with an error.
 func (c *Coordinator) NewSelect(db bun.IDB, model any) *bun.SelectQuery {
 	q := db.NewSelect().Model(model)
-	expr, err := TableExpr(c.opts.Schema, model)
+	expr, err := TableExpr(c.Schema(), model)
 	if err != nil {
 		return q.Err(err)
 	}

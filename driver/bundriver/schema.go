@@ -9,47 +9,8 @@ import (
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/migrate"
 	"github.com/workpump/workpump/driver"
-	"github.com/workpump/workpump/internal/pgcall"
 	"github.com/workpump/workpump/migrations"
 )
-
-// CheckSchema returns nil when the schema is migrated to the version this
-// build needs and records this driver's partition count. It returns an
-// error wrapping driver.ErrSchemaNotReady that says how to migrate when the
-// schema is missing or older, and one wrapping driver.ErrSchemaMismatch
-// that names both counts when the schema records another partition count
-// (a schema that records none yet records this driver's). A database newer
-// than the build is accepted with a warning (rolling upgrade). Schemas
-// installed through RegisterMigrations record their version in the same
-// table as the built-in migrator, so both are checked alike.
-func (c *Coordinator) CheckSchema(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	var have sql.NullInt64
-	err := c.db.QueryRowContext(ctx, c.sql.version).Scan(&have)
-	if pgcall.IsUndefinedTable(err) {
-		err, have = nil, sql.NullInt64{}
-	}
-	if err != nil {
-		return fmt.Errorf("bundriver: CheckSchema: %w", err)
-	}
-	ahead, err := pgcall.SchemaVersionError(c.opts.Schema, int(have.Int64))
-	if err != nil {
-		return err
-	}
-	if ahead {
-		c.log.Warn("database schema is newer than this build; continuing (rolling upgrade?)",
-			"schema", c.opts.Schema, "database_version", have.Int64, "build_version", migrations.Latest())
-	}
-	// PartitionCountArg cannot fail here: withDefaults checked the option.
-	count, _ := pgcall.PartitionCountArg(c.opts.PartitionCount)
-	var recorded int64
-	if err := c.db.QueryRowContext(ctx, pgcall.PartitionCount.SQL(c.opts.Schema, pgcall.Question), count, c.nowArg()).Scan(&recorded); err != nil {
-		return c.sqlErr("CheckSchema", err)
-	}
-	return pgcall.CheckPartitionCount(c.opts.Schema, c.opts.PartitionCount, int(recorded))
-}
 
 // Migrate applies the pending migrations to schema with the built-in
 // migrator (migrations.Up) over db's *sql.DB and returns the versions it

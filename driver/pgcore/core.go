@@ -190,9 +190,9 @@ type Core struct {
 	log  hclog.Logger
 	sql  statements
 
-	mu     sync.Mutex
-	dial   Dialer // nil: poll-only
-	why    string // why the listener is off
+	mu   sync.Mutex
+	dial Dialer // nil: poll-only
+	why  string // why the listener is off
 
 	subs   map[uuid.UUID][]*subscription
 	closed bool

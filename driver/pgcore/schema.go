@@ -18,6 +18,28 @@ import (
 // than the build is accepted with a warning: during a rolling upgrade the
 // old build keeps running against the new schema.
 func (c *Core) CheckSchema(ctx context.Context) error {
+	if err := c.CheckVersion(ctx); err != nil {
+		return err
+	}
+	var recorded int64
+	if _, err := queryRow(ctx, c.db, c.sql.counts, []any{int32(c.opts.PartitionCount), c.nowArg()}, &recorded); err != nil {
+		return c.mapError("CheckSchema", err)
+	}
+	if int(recorded) != c.opts.PartitionCount {
+		// Rows enqueued with another count route their streams to other
+		// partitions than the peers' rows of the same stream, and
+		// per-stream order would silently break.
+		return fmt.Errorf("%w: PartitionCount: driver configured with %d but schema %q records %d; every process sharing the schema must use %d",
+			driver.ErrSchemaMismatch, c.opts.PartitionCount, c.opts.Schema, recorded, recorded)
+	}
+	return nil
+}
+
+// CheckVersion is the part of CheckSchema that only reads: nil when the
+// schema is at the version this build needs (or newer, with a warning), an
+// error wrapping driver.ErrSchemaNotReady that says how to migrate when it
+// is missing or older.
+func (c *Core) CheckVersion(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -41,16 +63,20 @@ func (c *Core) CheckSchema(ctx context.Context) error {
 		c.log.Warn("database schema is newer than this build; continuing (rolling upgrade?)",
 			"schema", schema, "database_version", v, "build_version", want)
 	}
-	var recorded int64
-	if _, err := queryRow(ctx, c.db, c.sql.counts, []any{int32(c.opts.PartitionCount), c.nowArg()}, &recorded); err != nil {
-		return c.mapError("CheckSchema", err)
-	}
-	if int(recorded) != c.opts.PartitionCount {
-		// Rows enqueued with another count route their streams to other
-		// partitions than the peers' rows of the same stream, and
-		// per-stream order would silently break.
-		return fmt.Errorf("%w: PartitionCount: driver configured with %d but schema %q records %d; every process sharing the schema must use %d",
-			driver.ErrSchemaMismatch, c.opts.PartitionCount, schema, recorded, recorded)
-	}
 	return nil
+}
+
+// RecordedPartitionCount reads the partition count the schema records,
+// without recording one: ok is false when none is recorded yet or the
+// schema predates the record.
+func (c *Core) RecordedPartitionCount(ctx context.Context) (n int, ok bool, err error) {
+	var v int64
+	found, err := queryRow(ctx, c.db, `SELECT partition_count FROM "`+c.opts.Schema+`".`+migrations.SettingsTable+` WHERE id`, nil, &v)
+	switch {
+	case isUndefinedTable(err):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, c.mapError("RecordedPartitionCount", err)
+	}
+	return int(v), found, nil
 }

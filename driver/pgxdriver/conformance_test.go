@@ -1,16 +1,12 @@
 package pgxdriver
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/workpump/workpump/conformance"
-	"github.com/workpump/workpump/internal/pgfault"
 	"github.com/workpump/workpump/internal/pgtest"
 	"go.uber.org/goleak"
 )
@@ -48,18 +44,16 @@ func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformanc
 	}
 	st := conformance.Store{Coordinator: c, Pauses: pgtest.Pauser{T: t, Schema: c.Schema()}}
 	if !h.simple {
-		st.Faults = &faults{t: t, c: c}
+		st.Faults = &pgtest.CoreFaults{T: t, Core: c.Core}
 	}
 	return st
 }
-
-var _ conformance.ListenerInterrupter = (*faults)(nil)
 
 func (h harness) MakeBenchmarkStore(b *testing.B, cfg conformance.StoreConfig) conformance.Store {
 	c := newTestCoordinator(b, h.simple, cfg.Now, cfg.PartitionCount)
 	st := conformance.Store{Coordinator: c}
 	if !h.simple {
-		st.Faults = &faults{t: b, c: c}
+		st.Faults = &pgtest.CoreFaults{T: b, Core: c.Core}
 	}
 	return st
 }
@@ -85,51 +79,6 @@ func newTestCoordinator(t testing.TB, simple bool, now func() time.Time, partiti
 		t.Fatalf("pgxdriver.New: %v", err)
 	}
 	return c
-}
-
-// faults breaks a store the way production breaks it.
-type faults struct {
-	t testing.TB
-	c *Coordinator
-}
-
-// KillListener terminates the instance's listener backend with
-// pg_terminate_backend and keeps it from reconnecting, as a crashed process.
-func (f *faults) KillListener(id uuid.UUID) error {
-	n, err := pgfault.CrashListeners(f.c.Core, context.Background(), id)
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return errors.New("KillListener: the instance has no connected listener")
-	}
-	return nil
-}
-
-// InterruptListener terminates the instance's listener backend as a network
-// blip would: the process lives on, so the subscription reconnects.
-func (f *faults) InterruptListener(id uuid.UUID) error {
-	pids := pgfault.ListenerPIDs(f.c.Core, id)
-	if len(pids) == 0 {
-		return errors.New("InterruptListener: the instance has no connected listener")
-	}
-	for _, pid := range pids {
-		if err := pgfault.TerminateBackend(f.c.Core, context.Background(), pid); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// HoldAliveLock takes the instance's alive-lock from a separate session and
-// idles, as a half-open peer's server session would. When the lock is taken
-// already, the session waits for it (a blocking pg_advisory_lock).
-func (f *faults) HoldAliveLock(id uuid.UUID) (func(), error) {
-	return holdAliveLock(f.t, f.c, id)
-}
-
-func holdAliveLock(t testing.TB, c *Coordinator, id uuid.UUID) (func(), error) {
-	return pgtest.HoldAliveLock(t, c.Schema(), id)
 }
 
 func TestConformance(t *testing.T) {

@@ -555,7 +555,7 @@ func TestListenerRefusesHeldLockThenWaitsAfterReconnect(t *testing.T) {
 	c := newTestCoordinator(t, false, nil, 0)
 	ctx := context.Background()
 	a := uuid.Must(uuid.NewV7())
-	release, err := holdAliveLock(t, c, a)
+	release, err := pgtest.HoldAliveLock(t, c.Schema(), a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -579,7 +579,7 @@ func TestListenerRefusesHeldLockThenWaitsAfterReconnect(t *testing.T) {
 	// Another session queues for the lock; when the listener's backend
 	// dies, Postgres grants the lock to the waiter at once, before the
 	// listener can reconnect.
-	release, err = holdAliveLock(t, c, a)
+	release, err = pgtest.HoldAliveLock(t, c.Schema(), a)
 	if err != nil {
 		t.Fatal(err)
 	}
