@@ -20,6 +20,18 @@
 // Every object lives in one schema (default "public") and is named with the
 // wp_ prefix. The schema name must match ^[a-z_][a-z0-9_]{0,62}$ and is
 // always quoted in the SQL; anything else is rejected before any SQL runs.
+//
+// A released version is frozen. The files under sql/ are templates; the
+// same SQL rendered for the default schema is checked in under rendered/,
+// plain SQL to read, run with psql or EXPLAIN. Once a version is released,
+// databases hold it and record only its number, so its files are never
+// edited again: a change to the schema, a function included, is a new
+// version NNNN_name.up.sql / .down.sql with the next number, whose up
+// re-creates what changes and whose down restores the previous definitions.
+// A test records a checksum of every released file and fails when one is
+// edited. Installed functions are checked too: FunctionsSQL and
+// VerifyFunctions compare a schema's functions with the ones this build
+// installs, recorded by go generate.
 package migrations
 
 import (
@@ -35,6 +47,8 @@ import (
 	"strings"
 	"text/template"
 )
+
+//go:generate go run ./internal/gen/wpgen
 
 //go:embed sql/*.sql
 var files embed.FS

@@ -42,9 +42,20 @@ func lockKeyText(schema string) string { return "workpump:" + schema + ":migrate
 // database newer than this build returns an error wrapping ErrDatabaseAhead
 // and changes nothing.
 func Up(ctx context.Context, db *sql.DB, schema string) ([]int, error) {
+	return UpTo(ctx, db, schema, Latest())
+}
+
+// UpTo is Up stopping at version target (1 to Latest()): it applies the
+// pending versions up to and including target, and leaves a schema already
+// at or past target as it is (it never reverts; Down does). It serves
+// upgrade tests and staged roll-outs that install an older version first.
+func UpTo(ctx context.Context, db *sql.DB, schema string, target int) ([]int, error) {
 	migs, err := Render(schema)
 	if err != nil {
 		return nil, err
+	}
+	if target < 1 || target > len(migs) {
+		return nil, fmt.Errorf("workpump migrations: UpTo target version %d outside 1..%d", target, len(migs))
 	}
 	var applied []int
 	err = withLock(ctx, db, schema, func(conn *sql.Conn) error {
@@ -65,7 +76,7 @@ func Up(ctx context.Context, db *sql.DB, schema string) ([]int, error) {
 		if err != nil {
 			return err
 		}
-		for _, m := range migs[cur:] {
+		for _, m := range migs[min(cur, target):target] {
 			if err := inTx(ctx, conn, func(tx *sql.Tx) error {
 				if _, err := tx.ExecContext(ctx, m.Up); err != nil {
 					return err

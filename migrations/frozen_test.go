@@ -1,0 +1,65 @@
+package migrations_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io/fs"
+	"sort"
+	"testing"
+
+	"github.com/workpump/workpump/migrations"
+)
+
+// released records the sha256 of every file of every released version.
+// Databases in the field hold these versions and record only their
+// numbers, so the files must never change: a change to the schema is a
+// new version. Add a version's files here when it is released.
+var released = map[string]string{
+	"0001_tables.down.sql":          "e333bd2d66ee15ed323fb59e16561d3eb0d662b3a75d8fce2a1ff0fc9c887a94",
+	"0001_tables.up.sql":            "355747b0c99c78e6fde80958b66c15570e8ca2dd398ebdb51a5701ab32564ade",
+	"0002_functions.down.sql":       "ddaaeaf015530e9630e7d09e8f5901d3beb2af08ad824730eb3bb7029bfe4fa0",
+	"0002_functions.up.sql":         "76f4d1ea77fcbfa4ba1cd5bdfd1db2f1e34282d33d5a8d5fafdbd094b0817a5f",
+	"0003_claim_order.down.sql":     "c79d7361048113a600ab0117c5afcc9c80b81acd113fbc2f822b5e9c403431bf",
+	"0003_claim_order.up.sql":       "ba66ae00416da8eac81b3e7d7de7a173d9914fd70d700327134a6b6ca006f4ab",
+	"0004_liveness.down.sql":        "f2f31dc98374e42a57e84bceb3eb2b32af21e9076c91231ccbb803c0c22e6aa4",
+	"0004_liveness.up.sql":          "5349e5fdffff486e93874806b274c19781cecfe48003cd4893b1330de83c0ac7",
+	"0005_partition_count.down.sql": "46f9d9f16e6e0b3835676654d2936cef19c2129717dbf25074953086f456a774",
+	"0005_partition_count.up.sql":   "89a66e9fc479e5c3baf47bb45d33d4404277180d447fa448d8381ab858be3c35",
+	"0006_lease_fences.down.sql":    "800a06ea5f9da2adeec63727d01bf112b440bf314ae6bc9f0f1d51e37191fed4",
+	"0006_lease_fences.up.sql":      "25a423c6804c6f60626952f2c3aa081918ef724e5e4f6c5283513c30509715f5",
+	"0007_named_parts.down.sql":     "a4340a8b5d68e53e948439668cd7e5c9d2bbf3d5f1e5c3d70ced400bf2e7a5db",
+	"0007_named_parts.up.sql":       "ba4e71df3cf5e0f9336e97632f1e7962db7cf2abf43555e0d762fbf43a990524",
+}
+
+// TestReleasedMigrationsAreFrozen fails, naming the file, when a released
+// migration file is edited or removed, or a released version gains a file.
+func TestReleasedMigrationsAreFrozen(t *testing.T) {
+	names := make([]string, 0, len(released))
+	newest := ""
+	for name := range released {
+		names = append(names, name)
+		newest = max(newest, name[:4])
+	}
+	sort.Strings(names)
+	ents, err := fs.ReadDir(migrations.FS(), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if _, ok := released[e.Name()]; !ok && e.Name()[:4] <= newest {
+			t.Errorf("sql/%s is not part of any released version, but its number is not above the newest released version %s: add a new version instead", e.Name(), newest)
+		}
+	}
+	for _, name := range names {
+		b, err := fs.ReadFile(migrations.FS(), name)
+		if err != nil {
+			t.Errorf("released migration sql/%s is gone (%v): released versions stay; add a new version instead", name, err)
+			continue
+		}
+		sum := sha256.Sum256(b)
+		if got := hex.EncodeToString(sum[:]); got != released[name] {
+			t.Errorf("released migration sql/%s was edited (sha256 %s, released as %s): databases already hold this version and record only its number, "+
+				"so restore the file and put the change in a new version, %04d_<name>.up.sql and .down.sql", name, got, released[name], migrations.Latest()+1)
+		}
+	}
+}
