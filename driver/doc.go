@@ -1,4 +1,6 @@
 // Package driver is the contract between the work pump and a store.
+// docs/design.md explains its rules in prose, with their reasons and
+// defaults.
 //
 // It plays the role database/sql/driver plays for database/sql: a small
 // interface (Coordinator) that a store implements, optional capability
