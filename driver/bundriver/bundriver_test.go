@@ -505,16 +505,19 @@ func TestModelsReadPumpState(t *testing.T) {
 	}
 }
 
-// claimTracer records the SQL of the claim calls a connection sends.
+// claimTracer records the SQL and arguments of the claim calls a
+// connection sends.
 type claimTracer struct {
-	mu  sync.Mutex
-	sql []string
+	mu   sync.Mutex
+	sql  []string
+	args [][]any
 }
 
 func (c *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	if strings.Contains(data.SQL, "wp_claim_work") {
 		c.mu.Lock()
 		c.sql = append(c.sql, data.SQL)
+		c.args = append(c.args, data.Args)
 		c.mu.Unlock()
 	}
 	return ctx
@@ -563,24 +566,37 @@ func TestAsynchronousClaims(t *testing.T) {
 
 		tr.mu.Lock()
 		sent := append([]string(nil), tr.sql...)
+		args := append([][]any(nil), tr.args...)
 		tr.mu.Unlock()
 		if len(sent) == 0 {
 			t.Fatalf("AsynchronousClaims=%v: no claim statement traced", asyncClaims)
 		}
-		tx, err := db.BeginTx(ctx, nil)
+		// Replayed on a pgx connection of the same configuration, with the
+		// arguments as the stdlib handed them to pgx.
+		replayCfg := cfg.Copy()
+		replayCfg.Tracer = nil
+		conn, err := pgx.ConnectConfig(ctx, replayCfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rows, err := tx.QueryContext(ctx, sent[0])
+		tx, err := conn.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = rows.Close()
+		rows, err := tx.Query(ctx, sent[0], args[0]...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
 		var mode string
-		if err := tx.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&mode); err != nil {
+		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&mode); err != nil {
 			t.Fatal(err)
 		}
-		_ = tx.Rollback()
+		_ = tx.Rollback(ctx)
+		_ = conn.Close(ctx)
 		if want := map[bool]string{false: "on", true: "off"}[asyncClaims]; mode != want {
 			t.Errorf("AsynchronousClaims=%v: synchronous_commit after the claim statement = %s, want %s", asyncClaims, mode, want)
 		}
