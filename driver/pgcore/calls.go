@@ -150,6 +150,7 @@ type statements struct {
 	heartbeat, cleanup, deregister, purge          string
 	getWork, listInstances, listDead, streamOwner  string
 	stats, statsLeases, deadCount, version, counts string
+	functions                                      string // migrations.FunctionsSQL
 	pollBegin, pollStop, pollSettle                string
 	copyInto                                       copyStatements
 	gated                                          claimTexts // nil: claims use claim
@@ -197,6 +198,8 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 	if d.PreparesStatements {
 		st.gated = newClaimTexts(claim, schema)
 	}
+	// The schema is valid here (Options.WithDefaults checked it).
+	st.functions, _ = migrations.FunctionsSQL(schema)
 	return st
 }
 

@@ -62,6 +62,30 @@ func (c *Core) CheckVersion(ctx context.Context) error {
 	case v > want:
 		c.log.Warn("database schema is newer than this build; continuing (rolling upgrade?)",
 			"schema", schema, "database_version", v, "build_version", want)
+		return nil
+	}
+	return c.verifyFunctions(ctx)
+}
+
+// verifyFunctions compares the installed functions with the ones this
+// build's migrations install: the version number alone cannot tell a
+// function edited by hand, or installed by a build whose SQL for the same
+// version differs. A difference wraps driver.ErrSchemaMismatch and
+// migrations.ErrFunctionsDiffer and names the functions.
+func (c *Core) verifyFunctions(ctx context.Context) error {
+	var fns []migrations.InstalledFunction
+	if err := c.each(ctx, "CheckSchema", c.sql.functions, nil, func(rows Rows) error {
+		var f migrations.InstalledFunction
+		if err := rows.Scan(&f.Signature, &f.Checksum); err != nil {
+			return err
+		}
+		fns = append(fns, f)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := migrations.VerifyFunctions(c.opts.Schema, fns); err != nil {
+		return fmt.Errorf("%w: %w", driver.ErrSchemaMismatch, err)
 	}
 	return nil
 }

@@ -1102,3 +1102,48 @@ func TestSelfPollingHandshake(t *testing.T) {
 	}
 	waitSignal(t, sub, isWork, "after the period")
 }
+
+// TestCheckSchemaNamesFunctionsThatDiffer: a schema at the right version
+// whose functions are not this build's (one edited by hand, one added, one
+// dropped) is refused with ErrSchemaMismatch naming each; restoring them
+// makes it pass again.
+func TestCheckSchemaNamesFunctionsThatDiffer(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	c := mustNew(t, pool, Options{Schema: schema})
+	if err := c.CheckSchema(ctx); err != nil {
+		t.Fatalf("CheckSchema of a fresh schema: %v", err)
+	}
+	var def string
+	if err := pool.QueryRow(ctx, `SELECT pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = $1 AND p.proname = 'wp_stats'`, schema).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	tampered := strings.Replace(def, "BEGIN", "BEGIN\n  -- edited by hand", 1)
+	if tampered == def {
+		tampered = strings.TrimSuffix(strings.TrimSpace(def), "$function$") + "-- edited by hand\n$function$"
+	}
+	for _, q := range []string{
+		tampered,
+		fmt.Sprintf(`CREATE FUNCTION "%s".wp_extra() RETURNS integer LANGUAGE sql AS 'SELECT 1'`, schema),
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := c.CheckSchema(ctx)
+	if !errors.Is(err, driver.ErrSchemaMismatch) || !errors.Is(err, migrations.ErrFunctionsDiffer) ||
+		!strings.Contains(err.Error(), "wp_stats(") || !strings.Contains(err.Error(), "wp_extra()") {
+		t.Fatalf("CheckSchema with an edited and an added function = %v, want ErrSchemaMismatch naming wp_stats and wp_extra", err)
+	}
+	if _, err := pool.Exec(ctx, def); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`DROP FUNCTION "%s".wp_extra()`, schema)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckSchema(ctx); err != nil {
+		t.Fatalf("CheckSchema after restoring the functions: %v", err)
+	}
+}
