@@ -2,7 +2,6 @@ package bundriver
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"regexp"
 
@@ -117,106 +116,19 @@ func wrapMigration(fn migrate.MigrationFunc) func(context.Context, *migrate.Migr
 	}
 }
 
-// versionMigration is one rendered workpump version run by bun/migrate.
+// versionMigration is one rendered workpump version run by bun/migrate,
+// in bun's transaction (migrations.ApplyInTx). The SQL runs on the raw
+// *sql.Tx: migration texts are not bun templates.
 type versionMigration struct {
 	schema string
 	m      migrations.Migration
 }
 
-// lockAndRead takes the schema's migration lock for the transaction and
-// returns the recorded versions (nil when the version table is missing).
-// The SQL runs on the raw *sql.Tx: migration texts are not bun templates.
-func (v versionMigration) lockAndRead(ctx context.Context, tx *sql.Tx, create bool) (map[int]bool, int, error) {
-	q, _ := migrations.QuoteSchema(v.schema)
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, migrations.LockKeyText(v.schema)); err != nil {
-		return nil, 0, fmt.Errorf("take the migration lock of %s: %w", v.schema, err)
-	}
-	if create {
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(
-			`CREATE SCHEMA IF NOT EXISTS %[1]s;
-			 CREATE TABLE IF NOT EXISTS %[1]s.%[2]s (
-			     version    integer     PRIMARY KEY,
-			     name       text        NOT NULL,
-			     applied_at timestamptz NOT NULL DEFAULT now())`, q, migrations.VersionTable)); err != nil {
-			return nil, 0, fmt.Errorf("create version table in %s: %w", q, err)
-		}
-	}
-	var reg sql.NullString
-	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1)::text`, q+"."+migrations.VersionTable).Scan(&reg); err != nil {
-		return nil, 0, err
-	}
-	if !reg.Valid {
-		return nil, 0, nil
-	}
-	rows, err := tx.QueryContext(ctx, fmt.Sprintf(`SELECT version FROM %s.%s`, q, migrations.VersionTable))
-	if err != nil {
-		return nil, 0, err
-	}
-	defer rows.Close()
-	got, cur := map[int]bool{}, 0
-	for rows.Next() {
-		var n int
-		if err := rows.Scan(&n); err != nil {
-			return nil, 0, err
-		}
-		got[n] = true
-		cur = max(cur, n)
-	}
-	return got, cur, rows.Err()
-}
+func (v versionMigration) up(ctx context.Context, db *bun.DB) error   { return v.run(ctx, db, true) }
+func (v versionMigration) down(ctx context.Context, db *bun.DB) error { return v.run(ctx, db, false) }
 
-func (v versionMigration) up(ctx context.Context, db *bun.DB) error {
-	err := db.RunInTx(ctx, nil, func(ctx context.Context, btx bun.Tx) error {
-		tx := btx.Tx
-		got, cur, err := v.lockAndRead(ctx, tx, true)
-		if err != nil {
-			return err
-		}
-		if got[v.m.Version] {
-			return nil // installed already, e.g. by the built-in migrator
-		}
-		if cur != v.m.Version-1 {
-			return fmt.Errorf("schema %s is at version %d; version %d applies only on version %d", v.schema, cur, v.m.Version, v.m.Version-1)
-		}
-		if _, err := tx.ExecContext(ctx, v.m.Up); err != nil {
-			return err
-		}
-		q, _ := migrations.QuoteSchema(v.schema)
-		_, err = tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s.%s (version, name) VALUES ($1, $2)`, q, migrations.VersionTable), v.m.Version, v.m.Name)
-		return err
+func (v versionMigration) run(ctx context.Context, db *bun.DB, up bool) error {
+	return db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		return migrations.ApplyInTx(ctx, tx.Tx, v.schema, v.m, up)
 	})
-	if err != nil {
-		return fmt.Errorf("workpump migrations: %s: up %04d_%s: %w", v.schema, v.m.Version, v.m.Name, err)
-	}
-	return nil
-}
-
-func (v versionMigration) down(ctx context.Context, db *bun.DB) error {
-	err := db.RunInTx(ctx, nil, func(ctx context.Context, btx bun.Tx) error {
-		tx := btx.Tx
-		got, cur, err := v.lockAndRead(ctx, tx, false)
-		if err != nil {
-			return err
-		}
-		if !got[v.m.Version] {
-			return nil // not installed: nothing to revert
-		}
-		if cur != v.m.Version {
-			return fmt.Errorf("schema %s is at version %d; revert the newer versions before %d", v.schema, cur, v.m.Version)
-		}
-		if _, err := tx.ExecContext(ctx, v.m.Down); err != nil {
-			return err
-		}
-		q, _ := migrations.QuoteSchema(v.schema)
-		if v.m.Version == 1 {
-			_, err = tx.ExecContext(ctx, fmt.Sprintf(`DROP TABLE %s.%s`, q, migrations.VersionTable))
-		} else {
-			_, err = tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %s.%s WHERE version = $1`, q, migrations.VersionTable), v.m.Version)
-		}
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("workpump migrations: %s: down %04d_%s: %w", v.schema, v.m.Version, v.m.Name, err)
-	}
-	return nil
 }
