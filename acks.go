@@ -17,7 +17,7 @@ import (
 const ackRetries = 3
 
 // completion is a queued acknowledgement: the item and the number of the
-// claim that leased it (workers.ClaimNumber).
+// claim that leased it (loops.ClaimNumber).
 type completion struct {
 	ref   driver.Ref
 	claim uint64

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/loops"
 	"github.com/workpump/workpump/workers"
 )
 
@@ -25,8 +26,8 @@ type run struct {
 	// from the moment it starts: items queued behind a slow predecessor of
 	// their stream are renewed while they wait, so none starts with a lease
 	// handle that has already run out.
-	handles []*workers.LeaseHandle
-	claim   uint64 // the claim that leased them (workers.ClaimNumber)
+	handles []*loops.LeaseHandle
+	claim   uint64 // the claim that leased them (loops.ClaimNumber)
 }
 
 // scopeKey names an order scope on this instance: a stream (and name, for
@@ -197,8 +198,8 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	if len(batch) == 0 {
 		return
 	}
-	claimStart, _ := workers.ClaimStartedAt(ctx)
-	claim, _ := workers.ClaimNumber(ctx)
+	claimStart, _ := loops.ClaimStartedAt(ctx)
+	claim, _ := loops.ClaimNumber(ctx)
 	d.inflight.Add(int64(len(batch)))
 	runOf := make([]int32, len(batch))
 	var next []int32 // per run: its size, then its next free slot
@@ -224,7 +225,7 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	}
 	runs := make([]run, len(next))
 	items := make([]driver.Work, len(batch))
-	handles := make([]*workers.LeaseHandle, len(batch))
+	handles := make([]*loops.LeaseHandle, len(batch))
 	at := int32(0)
 	for r, n := range next {
 		runs[r] = run{items: items[at : at+n : at+n], handles: handles[at : at+n : at+n], claim: claim}
@@ -269,7 +270,7 @@ func (d *dispatcher) giveBackRest(r run, i int) {
 	d.done(len(r.items) - i)
 }
 
-func dispose(hs []*workers.LeaseHandle) {
+func dispose(hs []*loops.LeaseHandle) {
 	for _, h := range hs {
 		h.Dispose()
 	}
@@ -434,7 +435,7 @@ func (d *dispatcher) execute(s *slot, r run) {
 
 // runOne runs one item's handler under its lease handle and queues the
 // outcome. It returns the handler's error.
-func (d *dispatcher) runOne(w driver.Work, h *workers.LeaseHandle, claim uint64) error {
+func (d *dispatcher) runOne(w driver.Work, h *loops.LeaseHandle, claim uint64) error {
 	p := d.p
 	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w}
 	ctx := driver.WithDelivery(h.Context(), del)

@@ -273,7 +273,7 @@ func (o Options) Validate() error {
 		{"Maintenance", o.Maintenance.Validate()},
 	} {
 		if sub.err != nil {
-			// The workers' errors start with their field name.
+			// The options' errors start with their field name.
 			errs.problems = append(errs.problems, sub.err)
 			errs.texts = append(errs.texts, sub.name+"."+sub.err.Error())
 		}

@@ -8,8 +8,9 @@
 // releases everything it holds so peers take over at once. When a peer
 // crashes instead, its alive-lock vanishes with its listener session and
 // the survivors' lock probe evicts it within seconds (see Options). The
-// drivers live in driver/pgxdriver, driver/bundriver and driver/memdriver;
-// the background loops in package workers.
+// drivers live in driver/pgxdriver, driver/bundriver, driver/sqldriver and
+// driver/memdriver; the options of the background loops (Options.Claim,
+// Heartbeat, Renewal and Maintenance) in package workers.
 package workpump
 
 import (
@@ -24,6 +25,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/internal/loops"
 	"github.com/workpump/workpump/workers"
 )
 
@@ -45,13 +47,13 @@ type Pump struct {
 	stopped bool
 
 	sub      driver.Subscription
-	hb       *workers.HeartbeatWorker
-	claim    *workers.ClaimWorker
-	renew    *workers.LeaseRenewalWorker
-	maint    *workers.MaintenanceWorker
+	hb       *loops.HeartbeatWorker
+	claim    *loops.ClaimWorker
+	renew    *loops.LeaseRenewalWorker
+	maint    *loops.MaintenanceWorker
 	disp     *dispatcher
-	complete *workers.BatchFlusher[completion]
-	fail     *workers.BatchFlusher[driver.Failure]
+	complete *loops.BatchFlusher[completion]
+	fail     *loops.BatchFlusher[driver.Failure]
 	// completeRefs is flushCompletions' buffer (one flusher goroutine).
 	completeRefs []driver.Ref
 
@@ -194,8 +196,8 @@ func (p *Pump) claimedCategories() ([]Category, error) {
 
 func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	o := p.opts
-	var signals workers.SignalSource
-	var lock workers.AliveLock
+	var signals loops.SignalSource
+	var lock loops.AliveLock
 	if l, ok := p.coord.(driver.Listener); ok {
 		// The listener lives as long as the pump, not as long as Start's
 		// context: ending it would drop the alive-lock under a live pump.
@@ -216,9 +218,9 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	}
 	instance := driver.Instance{ID: o.ID, ServiceName: o.ServiceName, Host: o.Host, PID: o.PID, Metadata: o.Metadata}
 	var err error
-	p.hb, err = workers.NewHeartbeatWorker(workers.HeartbeatConfig{
+	p.hb, err = loops.NewHeartbeatWorker(loops.HeartbeatConfig{
 		Coordinator: p.coord, Instance: instance, Options: o.Heartbeat, Lock: lock, Logger: p.log,
-		Hooks: workers.HeartbeatHooks{OnBeat: func(e workers.HeartbeatEvent) {
+		Hooks: loops.HeartbeatHooks{OnBeat: func(e loops.HeartbeatEvent) {
 			if e.Err == nil && o.Hooks.HeartbeatRecorded != nil {
 				o.Hooks.HeartbeatRecorded(e.Evicted)
 			}
@@ -227,15 +229,15 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	if err != nil {
 		return err
 	}
-	p.renew, err = workers.NewLeaseRenewalWorker(workers.RenewalConfig{
+	p.renew, err = loops.NewLeaseRenewalWorker(loops.RenewalConfig{
 		Coordinator: p.coord, InstanceID: o.ID, Lease: o.Claim.Lease, Options: o.Renewal, Logger: p.log,
-		Hooks: workers.RenewalHooks{OnRenew: func(c workers.RenewalCall) {
+		Hooks: loops.RenewalHooks{OnRenew: func(c loops.RenewalCall) {
 			if errors.Is(c.Err, driver.ErrUnknownInstance) {
 				// Evicted: the beat registers the instance anew and
 				// reports it (p.evicted).
 				p.hb.RequestBeat()
 			}
-		}, OnLeaseLost: func(k workers.LeaseKey) {
+		}, OnLeaseLost: func(k loops.LeaseKey) {
 			p.stats.leaseLost.Add(1)
 			if o.Hooks.LeaseLost != nil {
 				o.Hooks.LeaseLost(driver.Ref{Category: k.Category, ID: k.ID})
@@ -245,31 +247,31 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 	if err != nil {
 		return err
 	}
-	p.maint, err = workers.NewMaintenanceWorker(workers.MaintenanceConfig{Coordinator: p.coord, Options: o.Maintenance, Logger: p.log})
+	p.maint, err = loops.NewMaintenanceWorker(loops.MaintenanceConfig{Coordinator: p.coord, Options: o.Maintenance, Logger: p.log})
 	if err != nil {
 		return err
 	}
-	ackOpts := workers.FlusherOptions{
+	ackOpts := loops.FlusherOptions{
 		MaxBatch: o.AckBatch, ImmediateFlushAt: o.AckBatch, CoalesceWindow: o.AckWindow,
 		// Acks are not periodic like renewals: size the queue so that it
 		// cannot fill while the store is reachable.
 		Capacity:     4*o.MaxInFlight + o.AckBatch,
 		DrainTimeout: flushTimeout,
 	}
-	p.complete, err = workers.StartBatchFlusher(ackOpts, p.flushCompletions, p.log.Named("complete"))
+	p.complete, err = loops.StartBatchFlusher(ackOpts, p.flushCompletions, p.log.Named("complete"))
 	if err != nil {
 		return err
 	}
-	p.fail, err = workers.StartBatchFlusher(ackOpts, p.flushFailures, p.log.Named("fail"))
+	p.fail, err = loops.StartBatchFlusher(ackOpts, p.flushFailures, p.log.Named("fail"))
 	if err != nil {
 		return err
 	}
 	p.disp = newDispatcher(p)
-	p.claim, err = workers.NewClaimWorker(workers.ClaimConfig{
+	p.claim, err = loops.NewClaimWorker(loops.ClaimConfig{
 		Coordinator: p.coord, InstanceID: o.ID, Options: o.Claim, Categories: cats,
 		Heartbeat: p.hb.Beat, Signals: signals, Sink: p.disp.submit, Capacity: p.disp.capacity, Logger: p.log,
-		Hooks: workers.ClaimHooks{
-			OnPoll: func(e workers.PollEvent) {
+		Hooks: loops.ClaimHooks{
+			OnPoll: func(e loops.PollEvent) {
 				if e.Items > 0 && o.Hooks.BatchClaimed != nil {
 					o.Hooks.BatchClaimed(e.Items, e.HasMore)
 				}
@@ -357,7 +359,7 @@ func (p *Pump) Stop(ctx context.Context) error {
 func (p *Pump) teardown(ctx context.Context) error {
 	var errs []error
 	keep := func(err error) {
-		if err != nil && !errors.Is(err, workers.ErrStopped) {
+		if err != nil && !errors.Is(err, loops.ErrStopped) {
 			errs = append(errs, err)
 		}
 	}
@@ -412,8 +414,8 @@ func (p *Pump) teardown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// overrun reports a handler running past its lease (see workers.Overrun).
-func (p *Pump) overrun(o workers.Overrun) {
+// overrun reports a handler running past its lease (see loops.Overrun).
+func (p *Pump) overrun(o loops.Overrun) {
 	p.stats.overruns.Add(1)
 	p.log.Warn("handler overran its lease and still runs; its stream stays blocked on this instance until it returns",
 		"category", o.Key.Category, "id", o.Key.ID, "name", o.Name, "stream", o.StreamID,

@@ -1,28 +1,23 @@
-// Package workers holds the pump's background loops, each on its own timer
-// and each talking to the store only through package driver:
+// Package workers holds the options of the pump's background loops, their
+// counters and the error a handler's context ends with when its lease runs
+// out. A workpump.Options names them in its Claim, Heartbeat, Renewal and
+// Maintenance fields; workpump.Stats reports the counters. The loops
+// themselves run inside the Pump:
 //
-//   - ClaimWorker, the only caller of ClaimWork: adaptive poll interval, woken
-//     at once by signals, gated by the listener's health, backpressured by
-//     the dispatcher's free capacity.
-//   - HeartbeatWorker: RecordHeartbeat on an adaptive cadence, slow while the
-//     alive-lock proves liveness; each beat reports whether the lock is held.
-//   - LeaseRenewalWorker: lease handles per dispatch (a context that ends
-//     before the lease does), automatic renewal requests, a coalescing
-//     BatchFlusher and a per-dispatch renewal cap.
-//   - MaintenanceWorker: periodic CleanupStale and purges, a backstop for the
+//   - the claim loop, the only caller of ClaimWork: adaptive poll interval,
+//     woken at once by signals, gated by the listener's health,
+//     backpressured by the dispatcher's free capacity (ClaimOptions);
+//   - the heartbeat loop: RecordHeartbeat on an adaptive cadence, slow while
+//     the alive-lock proves liveness; each beat reports whether the lock is
+//     held (HeartbeatOptions);
+//   - lease renewal: a lease per dispatch whose context ends before the
+//     lease does, automatic renewal requests coalesced into batches, and a
+//     per-dispatch renewal cap (RenewalOptions);
+//   - maintenance: periodic CleanupStale and purges, a backstop for the
 //     opportunistic sweep inside RecordHeartbeat, and a fast lock probe
 //     (CleanupStale with LockLostAfter every second) that evicts a crashed
-//     peer seconds after its alive-lock vanished.
+//     peer seconds after its alive-lock vanished (MaintenanceOptions).
 //
-// Every worker has Start(ctx) and Stop(ctx), both idempotent. Start's context
-// bounds start-up work and lends its values to the worker's goroutine; its
-// cancellation does not stop the worker — Stop does, and returns once the
-// goroutine has exited. A stopped worker cannot be started again. Options
-// structs are usable from their zero value (WithDefaults fills the
-// defaults); constructors apply WithDefaults and Validate.
-//
-// Time is measured on the local monotonic clock only (time.Now, timers);
-// nothing here compares the application clock with store timestamps.
-// Tests drive the workers inside testing/synctest bubbles, so workers must be
-// constructed inside the bubble that runs them.
+// Every options struct is usable from its zero value: WithDefaults fills the
+// defaults, and Validate reports the first invalid field by name.
 package workers

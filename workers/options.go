@@ -48,7 +48,7 @@ const (
 // NoLockLossEviction is the value of HeartbeatOptions.LockLostAfter and
 // MaintenanceOptions.LockLostAfter that turns lock-loss eviction off: only
 // the stale and definitive-dead rules evict peers, and the
-// maintenance worker runs no lock probe. It is the only negative value
+// maintenance loop runs no lock probe. It is the only negative value
 // accepted.
 const NoLockLossEviction time.Duration = -1
 
@@ -76,11 +76,10 @@ func optErr(field, format string, args ...any) error {
 	return &optionError{Field: field, Rule: fmt.Sprintf(format, args...)}
 }
 
-// ClaimOptions configures the ClaimWorker.
+// ClaimOptions configures the claim loop.
 // The zero value means the defaults; WithDefaults fills them in.
 type ClaimOptions struct {
-	// Disabled is the killswitch: the worker never
-	// claims.
+	// Disabled is the killswitch: the loop never claims.
 	Disabled bool
 	// PollInterval is the tight base wait between claims (default 250 ms),
 	// used as is while the signal gate is unavailable.
@@ -100,16 +99,16 @@ type ClaimOptions struct {
 	// (default 1000).
 	MaxStreamsPerBatch int
 	// Lease is the lease applied to claimed rows (default 300 s). The
-	// LeaseRenewalWorker must be given the same value.
+	// renewal loop extends leases by the same length.
 	Lease time.Duration
 	// FailOnSchemaNotReady makes Start fail when the store's schema is not
-	// ready (driver.SchemaChecker). By default the worker waits for the
+	// ready (driver.SchemaChecker). By default the loop waits for the
 	// schema, retrying with backoff, and claims once it is ready.
 	FailOnSchemaNotReady bool
 	// SelfPolling (stores with driver.SelfPolling, i.e. Postgres; off by
 	// default): once claims returned SelfPollMinItems items (default 20)
 	// within the trailing SelfPollLinger (default 50 ms, so 400 items/s, or
-	// one batch of 20) while the gate is healthy, the worker polls by itself
+	// one batch of 20) while the gate is healthy, the loop polls by itself
 	// every SelfPollInterval (default 2 ms), and enqueues routed to it skip
 	// their NOTIFY, whose commits Postgres serializes through their WAL
 	// flush. When fewer than half that many came within the trailing
@@ -183,7 +182,7 @@ func (o ClaimOptions) Validate() error {
 	return nil
 }
 
-// LivenessSource selects how the HeartbeatWorker picks its cadence.
+// LivenessSource selects how the heartbeat loop picks its cadence.
 type LivenessSource int
 
 const (
@@ -206,7 +205,7 @@ func (s LivenessSource) String() string {
 	return fmt.Sprintf("LivenessSource(%d)", int(s))
 }
 
-// HeartbeatOptions configures the HeartbeatWorker. The zero
+// HeartbeatOptions configures the heartbeat loop. The zero
 // value means the defaults.
 type HeartbeatOptions struct {
 	// Disabled is the killswitch: no heartbeats
@@ -231,7 +230,7 @@ type HeartbeatOptions struct {
 	// LockLostAfter is passed to RecordHeartbeat so that its opportunistic
 	// sweep applies the lock-loss rule too (default 3 s; NoLockLossEviction
 	// turns it off). See driver.CleanupRequest.LockLostAfter; the
-	// maintenance worker's lock probe is what makes the rule fast.
+	// maintenance loop's lock probe is what makes the rule fast.
 	//
 	// Independently of it, every heartbeat reports whether this instance
 	// holds its alive-lock (never with HeartbeatTableOnly or without a lock
@@ -260,15 +259,6 @@ func (o HeartbeatOptions) WithDefaults() HeartbeatOptions {
 		o.LockLostAfter = DefaultLockLostAfter
 	}
 	return o
-}
-
-// lockLostArg is what a LockLostAfter option means for the store: 0 (rule
-// off) for NoLockLossEviction.
-func lockLostArg(d time.Duration) time.Duration {
-	if d == NoLockLossEviction {
-		return 0
-	}
-	return d
 }
 
 func validateLockLostAfter(d time.Duration) error {
@@ -301,8 +291,9 @@ func (o HeartbeatOptions) Validate() error {
 	return validateLockLostAfter(o.LockLostAfter)
 }
 
-// RenewalOptions configures the LeaseRenewalWorker: its coalescing batch
-// flusher and the lease handles. The zero value means the defaults.
+// RenewalOptions configures lease renewal: the batches that coalesce
+// renewal requests and the lease of each dispatch. The zero value means the
+// defaults.
 type RenewalOptions struct {
 	// MaxBatch is the most renewal requests one flush handles (default 200).
 	MaxBatch int
@@ -314,11 +305,11 @@ type RenewalOptions struct {
 	ImmediateFlushAt int
 	// Capacity bounds the request queue (default 5 000; at least
 	// ImmediateFlushAt). When it is full new requests are dropped and
-	// counted: renewal is periodic and idempotent, so the handle asks again.
+	// counted: renewal is periodic and idempotent, so the dispatch asks again.
 	Capacity int
 	// DrainTimeout bounds the final flush at Stop (default 5 s).
 	DrainTimeout time.Duration
-	// LeaseGrace: a handle's context is cancelled this long before the lease
+	// LeaseGrace: a handler's context is cancelled this long before the lease
 	// expires (default 30 s), so a handler stops before a peer can claim the
 	// row. It must be below the claim Lease.
 	LeaseGrace time.Duration
@@ -357,53 +348,8 @@ func (o RenewalOptions) WithDefaults() RenewalOptions {
 // Validate reports the first invalid field of o as it is (call it on the
 // result of WithDefaults). The error wraps driver.ErrInvalidArgument; its
 // text starts with the field name. LeaseGrace must also be below the claim
-// lease; the renewal worker and the Pump check that rule.
+// lease; the Pump checks that rule.
 func (o RenewalOptions) Validate() error {
-	if err := o.flusherOptions().Validate(); err != nil {
-		return err
-	}
-	switch {
-	case o.LeaseGrace <= 0:
-		return optErr("LeaseGrace", "%v, want > 0", o.LeaseGrace)
-	case o.MaxRenewalsPerWork <= 0:
-		return optErr("MaxRenewalsPerWork", "%d, want > 0", o.MaxRenewalsPerWork)
-	}
-	return nil
-}
-
-// validateLease checks the rule between o and the claim lease: the grace
-// must leave part of the lease to run in.
-func (o RenewalOptions) validateLease(lease time.Duration) error {
-	if o.LeaseGrace >= lease {
-		return optErr("LeaseGrace", "%v, want < the claim Lease (%v)", o.LeaseGrace, lease)
-	}
-	return nil
-}
-
-// Flusher returns the batch flusher part of o.
-func (o RenewalOptions) flusherOptions() FlusherOptions {
-	return FlusherOptions{
-		MaxBatch:         o.MaxBatch,
-		CoalesceWindow:   o.CoalesceWindow,
-		ImmediateFlushAt: o.ImmediateFlushAt,
-		Capacity:         o.Capacity,
-		DrainTimeout:     o.DrainTimeout,
-	}
-}
-
-// FlusherOptions configures a BatchFlusher. It has no defaults of its own:
-// RenewalOptions.Flusher supplies them.
-type FlusherOptions struct {
-	MaxBatch         int           // most items per flush call
-	CoalesceWindow   time.Duration // wait after the first queued item
-	ImmediateFlushAt int           // queued items that trigger a flush at once
-	Capacity         int           // queue bound; Enqueue drops beyond it
-	DrainTimeout     time.Duration // bound of the final flush at Close
-}
-
-// Validate reports the first invalid field of o. The error wraps
-// driver.ErrInvalidArgument; its text starts with the field name.
-func (o FlusherOptions) Validate() error {
 	switch {
 	case o.MaxBatch <= 0:
 		return optErr("MaxBatch", "%d, want > 0", o.MaxBatch)
@@ -415,16 +361,20 @@ func (o FlusherOptions) Validate() error {
 		return optErr("Capacity", "%d, want >= ImmediateFlushAt (%d)", o.Capacity, o.ImmediateFlushAt)
 	case o.DrainTimeout <= 0:
 		return optErr("DrainTimeout", "%v, want > 0", o.DrainTimeout)
+	case o.LeaseGrace <= 0:
+		return optErr("LeaseGrace", "%v, want > 0", o.LeaseGrace)
+	case o.MaxRenewalsPerWork <= 0:
+		return optErr("MaxRenewalsPerWork", "%d, want > 0", o.MaxRenewalsPerWork)
 	}
 	return nil
 }
 
-// MaintenanceOptions configures the MaintenanceWorker, the periodic backstop
+// MaintenanceOptions configures the maintenance loop, the periodic backstop
 // behind the opportunistic sweep in RecordHeartbeat, and its lock probe. The
 // zero value means the defaults: CleanupStale every minute with the default
 // cutoffs, the lock probe every second with LockLostAfter 3 s, no purges.
 type MaintenanceOptions struct {
-	// Disabled turns the whole worker off: backstop, lock probe and purges.
+	// Disabled turns maintenance off: backstop, lock probe and purges.
 	Disabled bool
 	// Interval between runs (default 1 min); the first run is one Interval
 	// after Start.
@@ -442,7 +392,7 @@ type MaintenanceOptions struct {
 	// that it lost it.
 	LockLostAfter time.Duration
 	// LockProbeInterval is the lock probe's cadence (default 1 s): every
-	// LockProbeInterval, from one LockProbeInterval after Start, the worker
+	// LockProbeInterval, from one LockProbeInterval after Start, the loop
 	// calls CleanupStale with LockLostAfter, on its own goroutine so slow
 	// purges never delay it. A dead peer is evicted about LockLostAfter +
 	// LockProbeInterval after its lock vanished, at most one probe later

@@ -1,12 +1,10 @@
 package workers
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/workpump/workpump/driver"
@@ -61,7 +59,6 @@ func TestWithDefaults(t *testing.T) {
 		ClaimOptions{}.WithDefaults().Validate(),
 		HeartbeatOptions{}.WithDefaults().Validate(),
 		RenewalOptions{}.WithDefaults().Validate(),
-		RenewalOptions{}.WithDefaults().validateLease(DefaultLease),
 		MaintenanceOptions{}.WithDefaults().Validate(),
 	} {
 		if err != nil {
@@ -163,104 +160,4 @@ func TestOptionValidationNamesTheField(t *testing.T) {
 	if err := (ClaimOptions{}).Validate(); err == nil || !strings.HasPrefix(err.Error(), "PollInterval: 0s, want > 0") {
 		t.Fatalf("zero options validated without defaults: %v", err)
 	}
-	var oe *optionError
-	if err := (RenewalOptions{}).WithDefaults().validateLease(20 * time.Second); !errors.As(err, &oe) || oe.Field != "LeaseGrace" {
-		t.Fatalf("validateLease: %v", err)
-	}
-}
-
-func TestLifecycleIdempotent(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		coord := &fakeCoord{}
-		hb, err := NewHeartbeatWorker(HeartbeatConfig{Coordinator: coord, Instance: testInstance})
-		if err != nil {
-			t.Fatal(err)
-		}
-		claim, err := NewClaimWorker(ClaimConfig{Coordinator: coord, InstanceID: testInstance.ID, Heartbeat: hb.Beat,
-			Sink: func(context.Context, []driver.Work) {}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ren, err := NewLeaseRenewalWorker(RenewalConfig{Coordinator: coord, InstanceID: testInstance.ID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mnt, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		for _, w := range []interface {
-			Start(context.Context) error
-			Stop(context.Context) error
-		}{hb, claim, ren, mnt} {
-			name := fmt.Sprintf("%T", w)
-			if err := w.Start(ctx); err != nil {
-				t.Fatalf("%s Start: %v", name, err)
-			}
-			if err := w.Start(ctx); err != nil {
-				t.Fatalf("%s second Start: %v", name, err)
-			}
-		}
-		cancel() // Start's context does not bound the workers' lives
-		time.Sleep(time.Minute + time.Second)
-		if len(coord.of("cleanup")) != 1 || len(coord.of("heartbeat")) < 2 || len(coord.of("claim")) < 5 {
-			t.Fatalf("workers stopped with Start's context: %v", coord.kinds())
-		}
-		for _, w := range []interface {
-			Start(context.Context) error
-			Stop(context.Context) error
-		}{claim, ren, hb, mnt} {
-			name := fmt.Sprintf("%T", w)
-			stop(t, w)
-			stop(t, w)
-			if err := w.Start(context.Background()); !errors.Is(err, ErrStopped) {
-				t.Fatalf("%s Start after Stop: %v, want ErrStopped", name, err)
-			}
-		}
-		n := len(coord.kinds())
-		time.Sleep(time.Hour)
-		if len(coord.kinds()) != n {
-			t.Fatal("calls after Stop")
-		}
-	})
-}
-
-func TestStopBeforeStart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: &fakeCoord{}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		stop(t, w)
-		if err := w.Start(context.Background()); !errors.Is(err, ErrStopped) {
-			t.Fatalf("Start after Stop: %v", err)
-		}
-	})
-}
-
-func TestStopHonoursContext(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		coord := &fakeCoord{claim: func(int, driver.ClaimRequest) (driver.ClaimResult, error) {
-			return driver.ClaimResult{Work: work(driver.Outbox, 1)}, nil
-		}}
-		w, err := NewClaimWorker(ClaimConfig{Coordinator: coord, InstanceID: testInstance.ID,
-			Heartbeat: func(context.Context) error { return nil },
-			Sink:      func(context.Context, []driver.Work) { <-release }}) // ignores its context
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		if err := w.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Stop: %v, want DeadlineExceeded", err)
-		}
-		close(release)
-		stop(t, w) // a retried Stop waits for the loop
-	})
 }

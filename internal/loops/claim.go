@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
 // ClaimCoordinator is the part of driver.Coordinator the claim worker uses.
@@ -37,7 +38,7 @@ type Sink func(ctx context.Context, batch []driver.Work)
 type ClaimConfig struct {
 	Coordinator ClaimCoordinator // required
 	InstanceID  uuid.UUID        // required
-	Options     ClaimOptions
+	Options     workers.ClaimOptions
 	// Categories to claim; empty means all four.
 	Categories []driver.Category
 	// Heartbeat registers the instance; the worker calls it before its first
@@ -90,19 +91,6 @@ type PollEvent struct {
 	UntilSignal bool
 }
 
-// ClaimStats counts what the claim worker did.
-type ClaimStats struct {
-	Polls             uint64 // ClaimWork calls
-	EmptyPolls        uint64 // calls that returned nothing or failed
-	Errors            uint64 // failed calls
-	Batches           uint64 // non-empty batches handed to the sink
-	Items             uint64 // rows handed to the sink
-	StartupCatchUps   uint64 // 0 or 1
-	ReconnectCatchUps uint64
-	LastGateDown      time.Duration // outage length of the last reconnect
-	SelfPollPeriods   uint64        // self-polling periods begun (Options.SelfPolling)
-}
-
 type claimStampKey struct{}
 
 // claimStamp identifies the ClaimWork call that produced a batch.
@@ -148,7 +136,7 @@ type ClaimWorker struct {
 	coord     ClaimCoordinator
 	schema    driver.SchemaChecker
 	id        uuid.UUID
-	opts      ClaimOptions
+	opts      workers.ClaimOptions
 	cats      []driver.Category
 	heartbeat func(context.Context) error
 	sub       SignalSource
@@ -183,27 +171,25 @@ type ClaimWorker struct {
 // NewClaimWorker applies defaults, validates cfg and returns a stopped
 // worker.
 func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("workers: claim worker: %w: "+format, append([]any{driver.ErrInvalidArgument}, args...)...)
-	}
+	const name = "claim worker"
 	switch {
 	case cfg.Coordinator == nil:
-		return nil, bad("Coordinator is nil")
+		return nil, invalid(name, "Coordinator is nil")
 	case cfg.InstanceID == uuid.Nil:
-		return nil, bad("InstanceID: nil UUID")
+		return nil, invalid(name, "InstanceID: nil UUID")
 	case cfg.Heartbeat == nil:
-		return nil, bad("Heartbeat is nil (the instance must be registered before it claims)")
+		return nil, invalid(name, "Heartbeat is nil (the instance must be registered before it claims)")
 	case cfg.Sink == nil:
-		return nil, bad("Sink is nil")
+		return nil, invalid(name, "Sink is nil")
 	}
 	for i, c := range cfg.Categories {
 		if err := c.Validate(); err != nil {
-			return nil, fmt.Errorf("workers: claim worker: Categories[%d]: %w", i, err)
+			return nil, workerErr(fmt.Sprintf("%s: Categories[%d]", name, i), err)
 		}
 	}
 	opts := cfg.Options.WithDefaults()
 	if err := opts.Validate(); err != nil {
-		return nil, fmt.Errorf("workers: claim worker: %w", err)
+		return nil, invalid(name, "%w", err)
 	}
 	w := &ClaimWorker{
 		coord:     cfg.Coordinator,
@@ -216,7 +202,7 @@ func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
 		capacity:  cfg.Capacity,
 		logger:    namedLogger(cfg.Logger, "claim"),
 		hooks:     cfg.Hooks,
-		life:      lifecycle{name: "workers: claim worker"},
+		life:      lifecycle{name: name},
 		wake:      make(chan struct{}, 1),
 	}
 	w.schema, _ = cfg.Coordinator.(driver.SchemaChecker)
@@ -240,7 +226,7 @@ func (w *ClaimWorker) Start(ctx context.Context) error {
 	checked := false
 	if w.opts.FailOnSchemaNotReady && w.schema != nil {
 		if err := w.schema.CheckSchema(ctx); err != nil {
-			return fmt.Errorf("workers: claim worker: store schema not ready, not starting (FailOnSchemaNotReady): %w", err)
+			return workerErr("claim worker: not starting (FailOnSchemaNotReady)", err)
 		}
 		checked = true // the loop need not wait
 	}
@@ -272,8 +258,8 @@ func (w *ClaimWorker) RequestImmediatePoll() {
 func (w *ClaimWorker) ClaimsStarted() uint64 { return w.started.Load() }
 
 // Stats returns the worker's counters.
-func (w *ClaimWorker) Stats() ClaimStats {
-	return ClaimStats{
+func (w *ClaimWorker) Stats() workers.ClaimStats {
+	return workers.ClaimStats{
 		Polls:             w.polls.Load(),
 		EmptyPolls:        w.empty.Load(),
 		Errors:            w.errs.Load(),
@@ -320,7 +306,7 @@ func (w *ClaimWorker) nextWait(emptyPolls int) (wait time.Duration, untilSignal 
 	if w.opts.DisableSafetyNetPoll {
 		return 0, true
 	}
-	if r := w.opts.NotifyHealthyPollInterval; r != TightPolling && r > base {
+	if r := w.opts.NotifyHealthyPollInterval; r != workers.TightPolling && r > base {
 		base = r
 	}
 	return backoff(base, w.opts.MaxPollInterval, emptyPolls), false

@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -10,15 +10,12 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
-
-// ErrLeaseDeadline is the cause of a lease handle's context when its
-// deadline (lease − LeaseGrace after the claim or last renewal) passed.
-var ErrLeaseDeadline = errors.New("workers: lease deadline reached (lease minus grace)")
 
 // errLeaseReleased is the cause of a lease handle's context after Dispose,
 // or after the renewal worker stopped.
-var errLeaseReleased = errors.New("workers: lease handle released")
+var errLeaseReleased = errors.New("workpump: lease handle released")
 
 // Overrun describes a handler that kept running past its lease: its
 // handle's context ended for the lease (the deadline, or the store reporting
@@ -239,7 +236,7 @@ func (h *LeaseHandle) disposeLocked() {
 // leaseCause reports whether a context ended because of the lease, as
 // opposed to Dispose or the worker stopping.
 func leaseCause(cause error) bool {
-	return errors.Is(cause, ErrLeaseDeadline) || errors.Is(cause, driver.ErrLeaseLost)
+	return errors.Is(cause, workers.ErrLeaseDeadline) || errors.Is(cause, driver.ErrLeaseLost)
 }
 
 // endLocked cancels the context with cause. The timer stops, unless a
@@ -283,7 +280,7 @@ func (h *LeaseHandle) onTimer() {
 	}
 	now := time.Now()
 	if !now.Before(h.deadline) {
-		h.endLocked(ErrLeaseDeadline)
+		h.endLocked(workers.ErrLeaseDeadline)
 		h.mu.Unlock()
 		return
 	}

@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
 // overrunLog records OnOverrun calls and when they came.
@@ -43,7 +44,7 @@ func TestLeaseHandleOverrunReportedGraceAfterDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var log overrunLog
 		// Not started: nothing renews.
-		w := newRenewal(t, &fakeCoord{}, 0, RenewalOptions{}, func(c *RenewalConfig) { c.Hooks.OnOverrun = log.hook })
+		w := newRenewal(t, &fakeCoord{}, 0, workers.RenewalOptions{}, func(c *RenewalConfig) { c.Hooks.OnOverrun = log.hook })
 		t0 := time.Now()
 		item := driver.Work{ID: uuid.New(), Category: driver.Outbox, Attempts: 3, StreamID: "s", Name: "n"}
 		hung := w.Acquire(context.Background(), item, t0)
@@ -62,7 +63,7 @@ func TestLeaseHandleOverrunReportedGraceAfterDeadline(t *testing.T) {
 		if len(os) != 1 {
 			t.Fatalf("overruns %+v, want only the hung handle", os)
 		}
-		want := Overrun{Key: LeaseKey{Category: driver.Outbox, ID: item.ID}, Attempt: 3, StreamID: "s", Name: "n", Cause: ErrLeaseDeadline, EndedAt: t0.Add(sec(270))}
+		want := Overrun{Key: LeaseKey{Category: driver.Outbox, ID: item.ID}, Attempt: 3, StreamID: "s", Name: "n", Cause: workers.ErrLeaseDeadline, EndedAt: t0.Add(sec(270))}
 		if os[0] != want || at[0].Sub(t0) != sec(300) {
 			t.Fatalf("overrun %+v at %v, want %+v at 300s", os[0], at[0].Sub(t0), want)
 		}
@@ -87,7 +88,7 @@ func TestLeaseHandleOverrunAfterLostLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var log overrunLog
 		// Not started: nothing renews.
-		w := newRenewal(t, &fakeCoord{}, 0, RenewalOptions{}, func(c *RenewalConfig) { c.Hooks.OnOverrun = log.hook })
+		w := newRenewal(t, &fakeCoord{}, 0, workers.RenewalOptions{}, func(c *RenewalConfig) { c.Hooks.OnOverrun = log.hook })
 		t0 := time.Now()
 		item := wk(driver.Inbox)
 		old := w.Acquire(context.Background(), item, t0)
@@ -105,7 +106,7 @@ func TestLeaseHandleOverrunAfterLostLease(t *testing.T) {
 		if len(os) != 2 {
 			t.Fatalf("overruns %+v, want late's and old's", os)
 		}
-		if os[0].Key != late.Key() || !errors.Is(os[0].Cause, ErrLeaseDeadline) || at[0].Sub(t0) != sec(35) {
+		if os[0].Key != late.Key() || !errors.Is(os[0].Cause, workers.ErrLeaseDeadline) || at[0].Sub(t0) != sec(35) {
 			t.Fatalf("first overrun %+v at %v, want late's at its end (5s) + 30s", os[0], at[0].Sub(t0))
 		}
 		if os[1].Key != old.Key() || os[1].Attempt != 1 || !errors.Is(os[1].Cause, driver.ErrLeaseLost) || at[1].Sub(t0) != sec(40) {

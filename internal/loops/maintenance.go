@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
 // MaintenanceCoordinator is the part of driver.Coordinator the maintenance
@@ -23,7 +24,7 @@ type MaintenanceCoordinator interface {
 // MaintenanceConfig is the argument of NewMaintenanceWorker.
 type MaintenanceConfig struct {
 	Coordinator MaintenanceCoordinator // required
-	Options     MaintenanceOptions
+	Options     workers.MaintenanceOptions
 	Logger      hclog.Logger     // nil: no logs
 	hooks       maintenanceHooks // tests observe runs and probes
 }
@@ -78,7 +79,7 @@ type maintenanceStats struct {
 type MaintenanceWorker struct {
 	coord  MaintenanceCoordinator
 	purger driver.Purger
-	opts   MaintenanceOptions
+	opts   workers.MaintenanceOptions
 	logger hclog.Logger
 	hooks  maintenanceHooks
 	life   lifecycle
@@ -91,19 +92,20 @@ type MaintenanceWorker struct {
 // NewMaintenanceWorker applies defaults, validates cfg and returns a
 // stopped worker.
 func NewMaintenanceWorker(cfg MaintenanceConfig) (*MaintenanceWorker, error) {
+	const name = "maintenance worker"
 	if cfg.Coordinator == nil {
-		return nil, fmt.Errorf("workers: maintenance worker: %w: Coordinator is nil", driver.ErrInvalidArgument)
+		return nil, invalid(name, "Coordinator is nil")
 	}
 	opts := cfg.Options.WithDefaults()
 	if err := opts.Validate(); err != nil {
-		return nil, fmt.Errorf("workers: maintenance worker: %w", err)
+		return nil, invalid(name, "%w", err)
 	}
 	w := &MaintenanceWorker{
 		coord:  cfg.Coordinator,
 		opts:   opts,
 		logger: namedLogger(cfg.Logger, "maintenance"),
 		hooks:  cfg.hooks,
-		life:   lifecycle{name: "workers: maintenance worker"},
+		life:   lifecycle{name: name},
 	}
 	w.purger, _ = cfg.Coordinator.(driver.Purger)
 	return w, nil
@@ -202,7 +204,7 @@ func (w *MaintenanceWorker) runOnce(ctx context.Context) maintenanceRun {
 
 func (w *MaintenanceWorker) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	if w.opts.LockLostAfter != NoLockLossEviction {
+	if w.opts.LockLostAfter != workers.NoLockLossEviction {
 		wg.Go(func() { w.probeLoop(ctx) })
 	}
 	w.backstop(ctx)

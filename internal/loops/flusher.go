@@ -1,14 +1,51 @@
-package workers
+package loops
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/workpump/workpump/workers"
 )
+
+// FlusherOptions configures a BatchFlusher. It has no defaults of its own:
+// the renewal worker takes its values from workers.RenewalOptions, the
+// Pump's ack flushers from its Ack options.
+type FlusherOptions struct {
+	MaxBatch         int           // most items per flush call
+	CoalesceWindow   time.Duration // wait after the first queued item
+	ImmediateFlushAt int           // queued items that trigger a flush at once
+	Capacity         int           // queue bound; Enqueue drops beyond it
+	DrainTimeout     time.Duration // bound of the final flush at Close
+}
+
+// Validate reports the first invalid field of o. The fields are the flusher
+// part of workers.RenewalOptions and obey its rules, so RenewalOptions
+// checks them; the error wraps driver.ErrInvalidArgument and its text
+// starts with the field name.
+func (o FlusherOptions) Validate() error {
+	return workers.RenewalOptions{
+		MaxBatch: o.MaxBatch, CoalesceWindow: o.CoalesceWindow, ImmediateFlushAt: o.ImmediateFlushAt,
+		Capacity: o.Capacity, DrainTimeout: o.DrainTimeout,
+		// Valid values for the renewal fields a flusher lacks, so that
+		// only its own fields can fail.
+		LeaseGrace: 1, MaxRenewalsPerWork: 1,
+	}.Validate()
+}
+
+// renewalFlusher returns the batch flusher part of o.
+func renewalFlusher(o workers.RenewalOptions) FlusherOptions {
+	return FlusherOptions{
+		MaxBatch:         o.MaxBatch,
+		CoalesceWindow:   o.CoalesceWindow,
+		ImmediateFlushAt: o.ImmediateFlushAt,
+		Capacity:         o.Capacity,
+		DrainTimeout:     o.DrainTimeout,
+	}
+}
 
 // BatchFlusher coalesces items queued one by one into batches for a flush
 // func. A batch goes out when ImmediateFlushAt items are queued, or
@@ -59,10 +96,10 @@ type flusherStats struct {
 // which is cancelled when the drain at Close runs out of time.
 func StartBatchFlusher[T any](opts FlusherOptions, flush func(ctx context.Context, batch []T) error, logger hclog.Logger) (*BatchFlusher[T], error) {
 	if err := opts.Validate(); err != nil {
-		return nil, fmt.Errorf("workers: batch flusher: %w", err)
+		return nil, invalid("batch flusher", "%w", err)
 	}
 	if flush == nil {
-		return nil, fmt.Errorf("workers: batch flusher: flush func is nil")
+		return nil, invalid("batch flusher", "flush func is nil")
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()

@@ -1,8 +1,7 @@
-package workers
+package loops
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
 // withdrawRetry is how soon a failed beat is retried while the store still
@@ -25,6 +25,15 @@ const withdrawRetry = time.Second
 // stays missing for LockLostAfter (3 s by default): reading a local flag
 // four times a second lets the withdrawing beat go out well inside that.
 const lockWatch = 250 * time.Millisecond
+
+// lockLostArg is what a LockLostAfter option means for the store: 0 (rule
+// off) for NoLockLossEviction.
+func lockLostArg(d time.Duration) time.Duration {
+	if d == workers.NoLockLossEviction {
+		return 0
+	}
+	return d
+}
 
 // HeartbeatCoordinator is the part of driver.Coordinator the heartbeat
 // worker uses.
@@ -42,7 +51,7 @@ type AliveLock interface {
 type HeartbeatConfig struct {
 	Coordinator HeartbeatCoordinator // required
 	Instance    driver.Instance      // required; validated
-	Options     HeartbeatOptions
+	Options     workers.HeartbeatOptions
 	// Lock is the alive-lock source; nil means none (fast cadence).
 	Lock   AliveLock
 	Logger hclog.Logger // nil: no logs
@@ -72,15 +81,6 @@ type HeartbeatEvent struct {
 	// earlier beat had registered it; it was evicted and is registered anew.
 	Reregistered bool
 	Err          error
-}
-
-// HeartbeatStats counts the heartbeat worker's calls.
-type HeartbeatStats struct {
-	Beats    uint64 // RecordHeartbeat calls
-	Failures uint64 // calls that returned an error
-	Evicted  uint64 // peers evicted by the sweeps those calls ran
-	// Reregistrations counts beats that found this instance evicted.
-	Reregistrations uint64
 }
 
 // HeartbeatWorker records this instance's heartbeat on its own timer,
@@ -114,7 +114,7 @@ type HeartbeatStats struct {
 type HeartbeatWorker struct {
 	coord  HeartbeatCoordinator
 	req    driver.HeartbeatRequest
-	opts   HeartbeatOptions
+	opts   workers.HeartbeatOptions
 	lock   AliveLock
 	logger hclog.Logger
 	hooks  HeartbeatHooks
@@ -138,15 +138,16 @@ type HeartbeatWorker struct {
 // NewHeartbeatWorker applies defaults, validates cfg and returns a stopped
 // worker.
 func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
+	const name = "heartbeat worker"
 	if cfg.Coordinator == nil {
-		return nil, fmt.Errorf("workers: heartbeat worker: %w: Coordinator is nil", driver.ErrInvalidArgument)
+		return nil, invalid(name, "Coordinator is nil")
 	}
 	if err := cfg.Instance.Validate(); err != nil {
-		return nil, fmt.Errorf("workers: heartbeat worker: %w", err)
+		return nil, workerErr(name, err)
 	}
 	opts := cfg.Options.WithDefaults()
 	if err := opts.Validate(); err != nil {
-		return nil, fmt.Errorf("workers: heartbeat worker: %w", err)
+		return nil, invalid(name, "%w", err)
 	}
 	return &HeartbeatWorker{
 		coord: cfg.Coordinator,
@@ -158,7 +159,7 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 		lock:    cfg.Lock,
 		logger:  namedLogger(cfg.Logger, "heartbeat"),
 		hooks:   cfg.Hooks,
-		life:    lifecycle{name: "workers: heartbeat worker"},
+		life:    lifecycle{name: name},
 		recheck: make(chan struct{}, 1),
 	}, nil
 }
@@ -246,15 +247,15 @@ func (w *HeartbeatWorker) Recheck() {
 }
 
 // Stats returns the worker's counters.
-func (w *HeartbeatWorker) Stats() HeartbeatStats {
-	return HeartbeatStats{Beats: w.beats.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load(),
+func (w *HeartbeatWorker) Stats() workers.HeartbeatStats {
+	return workers.HeartbeatStats{Beats: w.beats.Load(), Failures: w.failures.Load(), Evicted: w.evicted.Load(),
 		Reregistrations: w.reregs.Load()}
 }
 
 // lockProvesLiveness reports whether the lock proves liveness right now:
 // then the slow cadence is allowed and a beat vouches for the lock.
 func (w *HeartbeatWorker) lockProvesLiveness() bool {
-	return w.opts.LivenessSource == AdvisoryLockWhenAvailable && w.lock != nil && w.lock.AliveLockHeld()
+	return w.opts.LivenessSource == workers.AdvisoryLockWhenAvailable && w.lock != nil && w.lock.AliveLockHeld()
 }
 
 // untilDue returns 0 when a beat is due now, or how long to wait before the

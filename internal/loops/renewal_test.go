@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -14,9 +14,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
-func newRenewal(t *testing.T, coord *fakeCoord, lease time.Duration, opts RenewalOptions, mod func(*RenewalConfig)) *LeaseRenewalWorker {
+func newRenewal(t *testing.T, coord *fakeCoord, lease time.Duration, opts workers.RenewalOptions, mod func(*RenewalConfig)) *LeaseRenewalWorker {
 	t.Helper()
 	cfg := RenewalConfig{Coordinator: coord, InstanceID: testInstance.ID, Lease: lease, Options: opts}
 	if mod != nil {
@@ -56,7 +57,7 @@ func TestRenewalGroupsPerCategory(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
 		var calls []RenewalCall
-		w := newRenewal(t, coord, 0, RenewalOptions{}, func(c *RenewalConfig) {
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, func(c *RenewalConfig) {
 			c.Hooks.OnRenew = func(rc RenewalCall) { calls = append(calls, rc) }
 		})
 		startRenewal(t, w)
@@ -90,7 +91,7 @@ func TestRenewalGroupsPerCategory(t *testing.T) {
 			t.Fatalf("second call %+v, want inbox [d e]", got[1])
 		}
 		for _, rq := range got {
-			if rq.Lease != DefaultLease || rq.InstanceID != testInstance.ID {
+			if rq.Lease != workers.DefaultLease || rq.InstanceID != testInstance.ID {
 				t.Fatalf("request %+v", rq)
 			}
 		}
@@ -119,7 +120,7 @@ func TestRenewalGroupsPerCategory(t *testing.T) {
 func TestRenewalCapStopsAtMaxRenewals(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w := newRenewal(t, coord, 0, RenewalOptions{}, nil)
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, nil)
 		startRenewal(t, w)
 		t0 := time.Now()
 		h := w.Acquire(context.Background(), wk(driver.Outbox), t0)
@@ -144,7 +145,7 @@ func TestRenewalCapStopsAtMaxRenewals(t *testing.T) {
 		if at := doneAt(h.Context(), t0); at != sec(330.2) {
 			t.Fatalf("context ended at %v, want 330.2s", at)
 		}
-		if !errors.Is(context.Cause(h.Context()), ErrLeaseDeadline) {
+		if !errors.Is(context.Cause(h.Context()), workers.ErrLeaseDeadline) {
 			t.Fatalf("cause %v", context.Cause(h.Context()))
 		}
 		h.Dispose()
@@ -155,7 +156,7 @@ func TestRenewalCapStopsAtMaxRenewals(t *testing.T) {
 func TestRenewalSkipsDisposedHandles(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w := newRenewal(t, coord, 0, RenewalOptions{}, nil)
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, nil)
 		startRenewal(t, w)
 		t0 := time.Now()
 		a := w.Acquire(context.Background(), wk(driver.Outbox), t0)
@@ -187,7 +188,7 @@ func TestRenewalSkipsDisposedHandles(t *testing.T) {
 func TestRenewalReceptorNeverRenewed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w := newRenewal(t, coord, 0, RenewalOptions{}, nil)
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, nil)
 		startRenewal(t, w)
 		t0 := time.Now()
 		h := w.Acquire(context.Background(), wk(driver.Receptor), t0)
@@ -202,7 +203,7 @@ func TestRenewalReceptorNeverRenewed(t *testing.T) {
 		if n := len(coord.of("renew")); n != 0 {
 			t.Fatalf("%d RenewLeases calls for a receptor", n)
 		}
-		if !errors.Is(context.Cause(h.Context()), ErrLeaseDeadline) {
+		if !errors.Is(context.Cause(h.Context()), workers.ErrLeaseDeadline) {
 			t.Fatalf("cause %v", context.Cause(h.Context()))
 		}
 		h.Dispose()
@@ -218,7 +219,7 @@ func TestRenewalLostCancelsWithErrLeaseLost(t *testing.T) {
 		}}
 		var mu sync.Mutex
 		var lostKeys []LeaseKey
-		w := newRenewal(t, coord, 0, RenewalOptions{}, func(c *RenewalConfig) {
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, func(c *RenewalConfig) {
 			c.Hooks.OnLeaseLost = func(k LeaseKey) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -263,7 +264,7 @@ func TestRenewalUnknownInstanceLosesAll(t *testing.T) {
 			return driver.RenewResult{}, fmt.Errorf("renew: %w", driver.ErrUnknownInstance)
 		}}
 		logs := &logBuf{}
-		w := newRenewal(t, coord, 0, RenewalOptions{}, func(c *RenewalConfig) { c.Logger = logs.logger() })
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, func(c *RenewalConfig) { c.Logger = logs.logger() })
 		startRenewal(t, w)
 		t0 := time.Now()
 		a := w.Acquire(context.Background(), wk(driver.Outbox), t0)
@@ -288,7 +289,7 @@ func TestRenewalUnknownInstanceLosesAll(t *testing.T) {
 func TestRenewalAutomaticAtAThirdOfLeaseLeft(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w := newRenewal(t, coord, 0, RenewalOptions{}, nil)
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, nil)
 		startRenewal(t, w)
 		t0 := time.Now()
 		h := w.Acquire(context.Background(), wk(driver.PerspectiveEvent), t0)
@@ -299,7 +300,7 @@ func TestRenewalAutomaticAtAThirdOfLeaseLeft(t *testing.T) {
 		eqDurations(t, "automatic renewals", coord.offsets("renew", t0), []time.Duration{
 			sec(200.2), sec(400.4), sec(600.6), sec(800.8), sec(1001.0), sec(1201.2),
 		})
-		if end != sec(1471.2) || !errors.Is(context.Cause(h.Context()), ErrLeaseDeadline) {
+		if end != sec(1471.2) || !errors.Is(context.Cause(h.Context()), workers.ErrLeaseDeadline) {
 			t.Fatalf("context ended at %v (%v), want 1471.2s ErrLeaseDeadline", end, context.Cause(h.Context()))
 		}
 		time.Sleep(time.Hour)
@@ -319,7 +320,7 @@ func TestRenewalAutomaticRetryAfterFailure(t *testing.T) {
 			}
 			return driver.RenewResult{Renewed: len(req.IDs)}, nil
 		}}
-		w := newRenewal(t, coord, 0, RenewalOptions{}, nil)
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, nil)
 		startRenewal(t, w)
 		t0 := time.Now()
 		h := w.Acquire(context.Background(), wk(driver.Outbox), t0)
@@ -337,7 +338,7 @@ func TestRenewalAutomaticRetryAfterFailure(t *testing.T) {
 
 func TestLeaseHandleCancelsAtLeaseMinusGrace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newRenewal(t, &fakeCoord{}, 0, RenewalOptions{}, nil) // not started: nothing renews
+		w := newRenewal(t, &fakeCoord{}, 0, workers.RenewalOptions{}, nil) // not started: nothing renews
 		t0 := time.Now()
 		claimStart := t0.Add(-sec(10)) // the claim call began 10 s before dispatch
 		h := w.Acquire(context.Background(), wk(driver.Outbox), claimStart)
@@ -347,7 +348,7 @@ func TestLeaseHandleCancelsAtLeaseMinusGrace(t *testing.T) {
 		if at := doneAt(h.Context(), t0); at != sec(260) {
 			t.Fatalf("context ended %v after dispatch, want 260s (claim start + 300s − 30s)", at)
 		}
-		if !errors.Is(context.Cause(h.Context()), ErrLeaseDeadline) {
+		if !errors.Is(context.Cause(h.Context()), workers.ErrLeaseDeadline) {
 			t.Fatalf("cause %v", context.Cause(h.Context()))
 		}
 		h.Dispose()
@@ -360,7 +361,7 @@ func TestLeaseHandleShortLease(t *testing.T) {
 		coord := &fakeCoord{}
 		// Lease 60 s, grace 30 s: a third left (40 s) is past the 30 s
 		// deadline, so the request comes halfway to it, at 15 s.
-		w := newRenewal(t, coord, sec(60), RenewalOptions{MaxRenewalsPerWork: 1}, nil)
+		w := newRenewal(t, coord, sec(60), workers.RenewalOptions{MaxRenewalsPerWork: 1}, nil)
 		startRenewal(t, w)
 		t0 := time.Now()
 		h := w.Acquire(context.Background(), wk(driver.Outbox), t0)
@@ -379,7 +380,7 @@ func TestLeaseHandleShortLease(t *testing.T) {
 
 func TestLeaseHandleParentAndReplacement(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := newRenewal(t, &fakeCoord{}, 0, RenewalOptions{}, nil)
+		w := newRenewal(t, &fakeCoord{}, 0, workers.RenewalOptions{}, nil)
 		startRenewal(t, w)
 		parent, cancel := context.WithCancel(context.Background())
 		item := wk(driver.Inbox)
@@ -407,7 +408,7 @@ func TestLeaseHandleParentAndReplacement(t *testing.T) {
 func TestRenewalStopEndsHandles(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w := newRenewal(t, coord, 0, RenewalOptions{}, nil)
+		w := newRenewal(t, coord, 0, workers.RenewalOptions{}, nil)
 		startRenewal(t, w)
 		h := w.Acquire(context.Background(), wk(driver.Outbox), time.Now())
 		h.requestRenewal() // queued: Stop flushes it first
@@ -435,8 +436,8 @@ func TestRenewalConstructorRejects(t *testing.T) {
 		"InstanceID":         {Coordinator: &fakeCoord{}},
 		"Lease":              {Coordinator: &fakeCoord{}, InstanceID: uuid.New(), Lease: -1},
 		"LeaseGrace":         {Coordinator: &fakeCoord{}, InstanceID: uuid.New(), Lease: sec(30)},
-		"MaxRenewalsPerWork": {Coordinator: &fakeCoord{}, InstanceID: uuid.New(), Options: RenewalOptions{MaxRenewalsPerWork: -1}},
-		"Capacity":           {Coordinator: &fakeCoord{}, InstanceID: uuid.New(), Options: RenewalOptions{Capacity: 10}},
+		"MaxRenewalsPerWork": {Coordinator: &fakeCoord{}, InstanceID: uuid.New(), Options: workers.RenewalOptions{MaxRenewalsPerWork: -1}},
+		"Capacity":           {Coordinator: &fakeCoord{}, InstanceID: uuid.New(), Options: workers.RenewalOptions{Capacity: 10}},
 	} {
 		_, err := NewLeaseRenewalWorker(cfg)
 		if err == nil || !isArgErr(err) || !strings.Contains(err.Error(), name) {

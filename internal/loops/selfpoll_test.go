@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
 // oneItemFirst returns one item on the first claim (and on the claims
@@ -44,7 +45,7 @@ func TestSelfPollingPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
 			settled: func(n int) (bool, error) { return n >= 3, nil }}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(11))
 		stop(t, r.w)
@@ -66,7 +67,7 @@ func TestSelfPollingLingerCountsFromTheLastWork(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Claims 1 (at 0 ms) and 6 (at 10 ms) find work.
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst(6)}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(1))
 		stop(t, r.w)
@@ -83,7 +84,7 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
 			begin: func(int) (bool, error) { return false, nil }}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(6))
 		stop(t, r.w)
@@ -92,7 +93,7 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 	})
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(false), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(false), nil)
 		r.start()
 		time.Sleep(ms(600))
 		stop(t, r.w)
@@ -110,7 +111,7 @@ func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
 			settled: func(int) (bool, error) { return false, errors.New("connection reset") }}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(11))
 		stop(t, r.w)
@@ -124,7 +125,7 @@ func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 func TestSelfPollingClosedOnStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(ms(11))
 		stop(t, r.w)
@@ -140,7 +141,7 @@ func TestSelfPollingClosedOnStop(t *testing.T) {
 func TestSelfPollingOffByDefault(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
-		r := newClaimRig(t, coord, ClaimOptions{}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(6))
 		stop(t, r.w)
@@ -165,7 +166,7 @@ func TestSelfPollingLastClaimRetriedAfterAFailure(t *testing.T) {
 			}
 			return first(n, req)
 		}}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(1))
 		stop(t, r.w)
@@ -198,7 +199,7 @@ func TestSelfPollingBeginsAtMinItems(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(5, 5, 5, 5)}}
 		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, sub, nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true}, sub, nil)
 		r.start()
 		for range 3 {
 			time.Sleep(ms(10))
@@ -212,7 +213,7 @@ func TestSelfPollingBeginsAtMinItems(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(19, 19, 19, 19)}}
 		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, sub, nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true}, sub, nil)
 		r.start()
 		for range 3 {
 			time.Sleep(ms(60))
@@ -239,7 +240,7 @@ func TestSelfPollingEndsBelowHalfMinItems(t *testing.T) {
 			counts = append(counts, 1)
 		}
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(counts...)}}
-		r := newClaimRig(t, coord, ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(1))
 		stop(t, r.w)

@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
 func TestMaintenanceCleanupEachInterval(t *testing.T) {
@@ -70,11 +71,11 @@ func TestMaintenancePurges(t *testing.T) {
 			t.Fatal("purged with every age zero")
 		}
 
-		w, err = NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: MaintenanceOptions{
+		w, err = NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: workers.MaintenanceOptions{
 			Interval:              10 * time.Minute,
 			PurgeProcessedAfter:   24 * time.Hour,
 			PurgeDeadLettersAfter: 30 * 24 * time.Hour,
-			LockLostAfter:         NoLockLossEviction, // this test pins the backstop's call sequence
+			LockLostAfter:         workers.NoLockLossEviction, // this test pins the backstop's call sequence
 		}})
 		if err != nil {
 			t.Fatal(err)
@@ -102,7 +103,7 @@ func TestMaintenancePurges(t *testing.T) {
 func TestMaintenanceDisabled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: MaintenanceOptions{Disabled: true}})
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: workers.MaintenanceOptions{Disabled: true}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,10 +122,9 @@ func TestMaintenanceConstructorRejects(t *testing.T) {
 	if _, err := NewMaintenanceWorker(MaintenanceConfig{}); err == nil || !isArgErr(err) {
 		t.Fatalf("nil coordinator: %v", err)
 	}
-	_, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: &fakeCoord{}, Options: MaintenanceOptions{PurgeStreamsAfter: -time.Hour}})
-	var oe *optionError
-	if !errors.As(err, &oe) || oe.Field != "PurgeStreamsAfter" {
-		t.Fatalf("negative purge age: %v", err)
+	_, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: &fakeCoord{}, Options: workers.MaintenanceOptions{PurgeStreamsAfter: -time.Hour}})
+	if want := "workpump: maintenance worker: invalid argument: PurgeStreamsAfter: -1h0m0s, want >= 0 (0 = never)"; !isArgErr(err) || err.Error() != want {
+		t.Fatalf("negative purge age: %v, want %q", err, want)
 	}
 }
 
@@ -188,7 +188,7 @@ func TestMaintenanceLockProbeCadence(t *testing.T) {
 func TestMaintenanceLockProbeOptions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: MaintenanceOptions{
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: workers.MaintenanceOptions{
 			LockProbeInterval: ms(250), LockLostAfter: sec(5), StaleAfter: sec(10), DeadAfter: sec(20),
 		}})
 		if err != nil {
@@ -211,7 +211,7 @@ func TestMaintenanceLockProbeOptions(t *testing.T) {
 func TestMaintenanceNoLockLossEvictionRunsNoProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: MaintenanceOptions{LockLostAfter: NoLockLossEviction}})
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: workers.MaintenanceOptions{LockLostAfter: workers.NoLockLossEviction}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -243,7 +243,7 @@ func TestMaintenanceSlowBackstopDoesNotDelayProbes(t *testing.T) {
 			time.Sleep(sec(10))
 			return nil, nil
 		}}
-		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: MaintenanceOptions{Interval: sec(5)}})
+		w, err := NewMaintenanceWorker(MaintenanceConfig{Coordinator: coord, Options: workers.MaintenanceOptions{Interval: sec(5)}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package workers_test
+package loops_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/memdriver"
-	"github.com/workpump/workpump/workers"
+	"github.com/workpump/workpump/internal/loops"
 )
 
 // Wiring the workers over one store, as the Pump does: the claim worker
@@ -22,17 +22,17 @@ func Example() {
 
 	sub, _ := store.Listen(ctx, inst.ID)
 	defer sub.Close()
-	hb, _ := workers.NewHeartbeatWorker(workers.HeartbeatConfig{Coordinator: store, Instance: inst, Lock: sub})
-	ren, _ := workers.NewLeaseRenewalWorker(workers.RenewalConfig{Coordinator: store, InstanceID: inst.ID})
+	hb, _ := loops.NewHeartbeatWorker(loops.HeartbeatConfig{Coordinator: store, Instance: inst, Lock: sub})
+	ren, _ := loops.NewLeaseRenewalWorker(loops.RenewalConfig{Coordinator: store, InstanceID: inst.ID})
 
 	done := make(chan struct{})
-	claim, _ := workers.NewClaimWorker(workers.ClaimConfig{
+	claim, _ := loops.NewClaimWorker(loops.ClaimConfig{
 		Coordinator: store,
 		InstanceID:  inst.ID,
 		Heartbeat:   hb.Beat,
 		Signals:     sub,
 		Sink: func(ctx context.Context, batch []driver.Work) {
-			start, _ := workers.ClaimStartedAt(ctx)
+			start, _ := loops.ClaimStartedAt(ctx)
 			for _, w := range batch {
 				h := ren.Acquire(ctx, w, start)
 				// A real dispatcher runs the handler under h.Context().
@@ -42,7 +42,7 @@ func Example() {
 			}
 			close(done)
 		},
-		Hooks: workers.ClaimHooks{OnGateChange: func(up bool) {
+		Hooks: loops.ClaimHooks{OnGateChange: func(up bool) {
 			if !up {
 				hb.Recheck()
 			}

@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
-func newHeartbeat(t *testing.T, coord *fakeCoord, opts HeartbeatOptions, lock AliveLock, mod func(*HeartbeatConfig)) *HeartbeatWorker {
+func newHeartbeat(t *testing.T, coord *fakeCoord, opts workers.HeartbeatOptions, lock AliveLock, mod func(*HeartbeatConfig)) *HeartbeatWorker {
 	t.Helper()
 	cfg := HeartbeatConfig{Coordinator: coord, Instance: testInstance, Options: opts, Lock: lock}
 	if mod != nil {
@@ -38,15 +39,15 @@ func TestHeartbeatCadenceMatrix(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		lock string // "none", "held", "free"
-		mode LivenessSource
+		mode workers.LivenessSource
 		gap  time.Duration
 	}{
-		{"no lock source/advisory", "none", AdvisoryLockWhenAvailable, sec(30)},
-		{"lock held/advisory", "held", AdvisoryLockWhenAvailable, sec(60)},
-		{"lock not held/advisory", "free", AdvisoryLockWhenAvailable, sec(30)},
-		{"no lock source/table only", "none", HeartbeatTableOnly, sec(30)},
-		{"lock held/table only", "held", HeartbeatTableOnly, sec(30)},
-		{"lock not held/table only", "free", HeartbeatTableOnly, sec(30)},
+		{"no lock source/advisory", "none", workers.AdvisoryLockWhenAvailable, sec(30)},
+		{"lock held/advisory", "held", workers.AdvisoryLockWhenAvailable, sec(60)},
+		{"lock not held/advisory", "free", workers.AdvisoryLockWhenAvailable, sec(30)},
+		{"no lock source/table only", "none", workers.HeartbeatTableOnly, sec(30)},
+		{"lock held/table only", "held", workers.HeartbeatTableOnly, sec(30)},
+		{"lock not held/table only", "free", workers.HeartbeatTableOnly, sec(30)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -57,7 +58,7 @@ func TestHeartbeatCadenceMatrix(t *testing.T) {
 					s.lock.Store(tc.lock == "held")
 					lock = s
 				}
-				w := newHeartbeat(t, coord, HeartbeatOptions{LivenessSource: tc.mode}, lock, nil)
+				w := newHeartbeat(t, coord, workers.HeartbeatOptions{LivenessSource: tc.mode}, lock, nil)
 				t0 := time.Now()
 				if err := w.Start(context.Background()); err != nil {
 					t.Fatal(err)
@@ -79,7 +80,7 @@ func TestHeartbeatLockTransitions(t *testing.T) {
 		coord := &fakeCoord{}
 		lock := newFakeSub(true)
 		lock.lock.Store(true)
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, lock, nil)
 		t0 := time.Now()
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
@@ -122,7 +123,7 @@ func TestHeartbeatErrorsLoggedAndLoopContinues(t *testing.T) {
 		lock.lock.Store(true)
 		logs := &logBuf{}
 		var events []HeartbeatEvent
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, func(c *HeartbeatConfig) {
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, lock, func(c *HeartbeatConfig) {
 			c.Logger = logs.logger()
 			c.Hooks.OnBeat = func(e HeartbeatEvent) { events = append(events, e) }
 		})
@@ -148,7 +149,7 @@ func TestHeartbeatErrorsLoggedAndLoopContinues(t *testing.T) {
 func TestHeartbeatDisabled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w := newHeartbeat(t, coord, HeartbeatOptions{Disabled: true}, nil, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{Disabled: true}, nil, nil)
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -166,7 +167,7 @@ func TestHeartbeatDisabled(t *testing.T) {
 func TestHeartbeatBeatMovesSchedule(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, nil, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, nil, nil)
 		t0 := time.Now()
 		// The claim worker's first heartbeat, just before the loop starts.
 		if err := w.Beat(context.Background()); err != nil {
@@ -191,7 +192,7 @@ func TestHeartbeatBeatReturnsStoreError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		boom := errors.New("boom")
 		coord := &fakeCoord{heartbeat: func(int) error { return boom }}
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, nil, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, nil, nil)
 		if err := w.Beat(context.Background()); !errors.Is(err, boom) {
 			t.Fatalf("Beat: %v, want the store's error", err)
 		}
@@ -205,7 +206,7 @@ func TestHeartbeatConstructorRejects(t *testing.T) {
 	if _, err := NewHeartbeatWorker(HeartbeatConfig{Coordinator: &fakeCoord{}}); err == nil || !strings.Contains(err.Error(), "Instance.ID") {
 		t.Fatalf("nil instance id: %v", err)
 	}
-	_, err := NewHeartbeatWorker(HeartbeatConfig{Coordinator: &fakeCoord{}, Instance: testInstance, Options: HeartbeatOptions{Interval: -sec(1)}})
+	_, err := NewHeartbeatWorker(HeartbeatConfig{Coordinator: &fakeCoord{}, Instance: testInstance, Options: workers.HeartbeatOptions{Interval: -sec(1)}})
 	if err == nil || !isArgErr(err) || !strings.Contains(err.Error(), "Interval: -1s") {
 		t.Fatalf("bad interval: %v", err)
 	}
@@ -216,7 +217,7 @@ func TestHeartbeatRecheckOnLockLoss(t *testing.T) {
 		coord := &fakeCoord{}
 		lock := newFakeSub(true)
 		lock.lock.Store(true)
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, lock, nil)
 		t0 := time.Now()
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
@@ -238,17 +239,17 @@ func TestHeartbeatReportsLockAndLockLostAfter(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		lock     string // "none", "held", "free"
-		opts     HeartbeatOptions
+		opts     workers.HeartbeatOptions
 		wantHeld bool
 		wantLost time.Duration
 	}{
-		{"held/advisory", "held", HeartbeatOptions{}, true, sec(3)},
-		{"free/advisory", "free", HeartbeatOptions{}, false, sec(3)},
-		{"no lock source", "none", HeartbeatOptions{}, false, sec(3)},
+		{"held/advisory", "held", workers.HeartbeatOptions{}, true, sec(3)},
+		{"free/advisory", "free", workers.HeartbeatOptions{}, false, sec(3)},
+		{"no lock source", "none", workers.HeartbeatOptions{}, false, sec(3)},
 		// Table-only keeps the instance out of lock-loss eviction.
-		{"held/table only", "held", HeartbeatOptions{LivenessSource: HeartbeatTableOnly}, false, sec(3)},
-		{"held/custom LockLostAfter", "held", HeartbeatOptions{LockLostAfter: sec(7)}, true, sec(7)},
-		{"held/NoLockLossEviction", "held", HeartbeatOptions{LockLostAfter: NoLockLossEviction}, true, 0},
+		{"held/table only", "held", workers.HeartbeatOptions{LivenessSource: workers.HeartbeatTableOnly}, false, sec(3)},
+		{"held/custom LockLostAfter", "held", workers.HeartbeatOptions{LockLostAfter: sec(7)}, true, sec(7)},
+		{"held/NoLockLossEviction", "held", workers.HeartbeatOptions{LockLostAfter: workers.NoLockLossEviction}, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -283,7 +284,7 @@ func TestHeartbeatReportFollowsTheLock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{}
 		lock := newFakeSub(true)
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, lock, nil)
 		for _, held := range []bool{false, true, true, false} {
 			lock.lock.Store(held)
 			if err := w.Beat(context.Background()); err != nil {
@@ -308,7 +309,7 @@ func TestHeartbeatWithdrawsVouchedLockAtOnce(t *testing.T) {
 		coord := &fakeCoord{}
 		lock := newFakeSub(true)
 		lock.lock.Store(true)
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, lock, nil)
 		t0 := time.Now()
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
@@ -344,7 +345,7 @@ func TestHeartbeatFailedWithdrawalRetriesEverySecond(t *testing.T) {
 		}}
 		lock := newFakeSub(true)
 		lock.lock.Store(true)
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, lock, nil)
 		t0 := time.Now()
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
@@ -367,7 +368,7 @@ func TestHeartbeatFailedBeatWithoutLockRetriesAfterInterval(t *testing.T) {
 			}
 			return nil
 		}}
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, newFakeSub(true), nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, newFakeSub(true), nil)
 		t0 := time.Now()
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
@@ -450,7 +451,7 @@ func TestHeartbeatRequestBeat(t *testing.T) {
 		coord := &fakeCoord{}
 		lock := newFakeSub(true)
 		lock.lock.Store(true)
-		w := newHeartbeat(t, coord, HeartbeatOptions{}, lock, nil)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, lock, nil)
 		t0 := time.Now()
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)

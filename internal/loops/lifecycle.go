@@ -1,18 +1,44 @@
-package workers
+package loops
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/workpump/workpump/driver"
 )
 
 // ErrStopped is returned by Start on a worker that was stopped: workers are
 // single-use, so a restart builds a new one.
-var ErrStopped = errors.New("workers: worker was stopped; create a new one to start again")
+var ErrStopped = errors.New("workpump: worker was stopped; create a new one to start again")
+
+// workerError is the error of a worker or flusher: "workpump: <name>: " and
+// the cause's text without its own leading "workpump: ", so the module is
+// named once. errors.Is and errors.As see the cause.
+type workerError struct {
+	name string // the worker, and what failed when the cause does not say it
+	err  error
+}
+
+func (e *workerError) Error() string {
+	return "workpump: " + e.name + ": " + strings.TrimPrefix(e.err.Error(), "workpump: ")
+}
+
+func (e *workerError) Unwrap() error { return e.err }
+
+func workerErr(name string, err error) error { return &workerError{name: name, err: err} }
+
+// invalid is the error of bad input to the named worker's constructor: it
+// wraps driver.ErrInvalidArgument and reads
+// "workpump: <name>: invalid argument: <what>".
+func invalid(name, format string, args ...any) error {
+	return workerErr(name, fmt.Errorf("%w: "+format, append([]any{driver.ErrInvalidArgument}, args...)...))
+}
 
 const (
 	stateNew = iota
@@ -38,7 +64,7 @@ func (l *lifecycle) start(ctx context.Context, run func(context.Context)) (bool,
 	case stateRunning:
 		return false, nil
 	case stateStopped:
-		return false, fmt.Errorf("%s: %w", l.name, ErrStopped)
+		return false, workerErr(l.name, ErrStopped)
 	}
 	l.state = stateRunning
 	if run == nil {
@@ -69,7 +95,7 @@ func (l *lifecycle) stop(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("%s: stop: %w", l.name, ctx.Err())
+		return workerErr(l.name+": stop", ctx.Err())
 	}
 }
 

@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
 type claimRig struct {
@@ -34,7 +35,7 @@ type claimRig struct {
 
 // newClaimRig builds a claim worker over coord (a fresh fakeCoord when nil)
 // with a recording sink. sub may be nil (no listener).
-func newClaimRig(t *testing.T, coord ClaimCoordinator, opts ClaimOptions, sub *fakeSub, mod func(*ClaimConfig)) *claimRig {
+func newClaimRig(t *testing.T, coord ClaimCoordinator, opts workers.ClaimOptions, sub *fakeSub, mod func(*ClaimConfig)) *claimRig {
 	t.Helper()
 	r := &claimRig{t: t}
 	if coord == nil {
@@ -104,7 +105,7 @@ func (r *claimRig) claims() []time.Duration { return r.coord.offsets("claim", r.
 func (r *claimRig) claimGaps() []time.Duration { return gaps(r.claims()) }
 
 // tightNoSub: defaults, and no listener (plain adaptive backoff).
-var tightNoSub = ClaimOptions{}
+var tightNoSub = workers.ClaimOptions{}
 
 func TestBackoffFormula(t *testing.T) {
 	// The backoff table, base 250 ms, max 10 s.
@@ -184,7 +185,7 @@ func TestClaimMaxSteady(t *testing.T) {
 
 func TestClaimBackoffDisabledWhenMaxNotAboveBase(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := newClaimRig(t, nil, ClaimOptions{PollInterval: sec(1), MaxPollInterval: sec(1)}, nil, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{PollInterval: sec(1), MaxPollInterval: sec(1)}, nil, nil)
 		r.start()
 		time.Sleep(sec(10.5))
 		stop(t, r.w)
@@ -202,7 +203,7 @@ func TestClaimBackoffDisabledWhenMaxNotAboveBase(t *testing.T) {
 func TestClaimGateUnavailablePinsToBase(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(false)
-		r := newClaimRig(t, nil, ClaimOptions{}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{}, sub, nil)
 		r.start()
 		time.Sleep(sec(5.1))
 		stop(t, r.w)
@@ -220,7 +221,7 @@ func TestClaimGateUnavailablePinsToBase(t *testing.T) {
 func TestClaimRelaxedBaseline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(true)
-		r := newClaimRig(t, nil, ClaimOptions{MaxPollInterval: sec(60)}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{MaxPollInterval: sec(60)}, sub, nil)
 		r.start()
 		time.Sleep(sec(200))
 		stop(t, r.w)
@@ -231,7 +232,7 @@ func TestClaimRelaxedBaseline(t *testing.T) {
 func TestClaimRelaxedIgnoredWhenSmallerThanBase(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(true)
-		r := newClaimRig(t, nil, ClaimOptions{PollInterval: sec(1), NotifyHealthyPollInterval: ms(500)}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{PollInterval: sec(1), NotifyHealthyPollInterval: ms(500)}, sub, nil)
 		r.start()
 		time.Sleep(sec(30))
 		stop(t, r.w)
@@ -242,7 +243,7 @@ func TestClaimRelaxedIgnoredWhenSmallerThanBase(t *testing.T) {
 func TestClaimTightPollingWhileHealthy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(true)
-		r := newClaimRig(t, nil, ClaimOptions{NotifyHealthyPollInterval: TightPolling}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{NotifyHealthyPollInterval: workers.TightPolling}, sub, nil)
 		r.start()
 		time.Sleep(sec(10))
 		stop(t, r.w)
@@ -253,7 +254,7 @@ func TestClaimTightPollingWhileHealthy(t *testing.T) {
 func TestClaimNotifyOnlyMode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(true)
-		r := newClaimRig(t, nil, ClaimOptions{DisableSafetyNetPoll: true}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{DisableSafetyNetPoll: true}, sub, nil)
 		r.start()
 		time.Sleep(time.Hour)
 		eqDurations(t, "claims in the first hour", r.claims(), []time.Duration{0}) // the startup catch-up only
@@ -299,7 +300,7 @@ func TestClaimNotifyOnlyRetriesFailedClaims(t *testing.T) {
 			return driver.ClaimResult{}, nil
 		}}
 		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, ClaimOptions{DisableSafetyNetPoll: true}, sub, nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{DisableSafetyNetPoll: true}, sub, nil)
 		r.start()
 		time.Sleep(time.Hour)
 		stop(t, r.w)
@@ -331,7 +332,7 @@ func TestClaimSignalsBypassBackoff(t *testing.T) {
 		t.Run(k.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				sub := newFakeSub(true)
-				r := newClaimRig(t, nil, ClaimOptions{}, sub, nil)
+				r := newClaimRig(t, nil, workers.ClaimOptions{}, sub, nil)
 				r.start()
 				time.Sleep(sec(42)) // claims at 0, 5, 15, 25, 35: 7 s into a 10 s wait
 				sub.send(k)
@@ -353,7 +354,7 @@ func TestClaimManyWakesCollapseIntoOnePoll(t *testing.T) {
 			return driver.ClaimResult{}, nil
 		}}
 		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, ClaimOptions{NotifyHealthyPollInterval: TightPolling}, sub, nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{NotifyHealthyPollInterval: workers.TightPolling}, sub, nil)
 		r.start()
 		time.Sleep(ms(250))
 		synctest.Wait() // the second claim is in flight
@@ -376,7 +377,7 @@ func TestClaimManyWakesCollapseIntoOnePoll(t *testing.T) {
 func TestClaimWakesBeforeAClaimAreServedByIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(true)
-		r := newClaimRig(t, nil, ClaimOptions{NotifyHealthyPollInterval: TightPolling}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{NotifyHealthyPollInterval: workers.TightPolling}, sub, nil)
 		// Wakes queued before Start: the startup claim covers them.
 		r.w.RequestImmediatePoll()
 		sub.send(driver.SignalWork)
@@ -400,7 +401,7 @@ func TestClaimHasMoreRepollsAtOnce(t *testing.T) {
 			return driver.ClaimResult{}, nil
 		}}
 		var events []PollEvent
-		r := newClaimRig(t, coord, ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
 			c.Hooks.OnPoll = func(e PollEvent) { events = append(events, e) }
 		})
 		r.start()
@@ -425,7 +426,7 @@ func TestClaimHasMoreRepollsAtOnce(t *testing.T) {
 			}
 		}
 		req := coord.of("claim")[0].req.(driver.ClaimRequest)
-		if req.MaxPerCategory != 50 || req.Lease != DefaultLease || req.InstanceID != testInstance.ID {
+		if req.MaxPerCategory != 50 || req.Lease != workers.DefaultLease || req.InstanceID != testInstance.ID {
 			t.Fatalf("claim request %+v", req)
 		}
 	})
@@ -466,7 +467,7 @@ func TestClaimStartupCatchUpOnce(t *testing.T) {
 func TestClaimReconnectCatchUpCountsRealTransitions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(true)
-		r := newClaimRig(t, nil, ClaimOptions{}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{}, sub, nil)
 		r.start()
 		time.Sleep(sec(10))
 
@@ -512,7 +513,7 @@ func TestClaimReconnectCatchUpCountsRealTransitions(t *testing.T) {
 func TestClaimReconnectAfterStartingUnavailable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(false)
-		r := newClaimRig(t, nil, ClaimOptions{DisableSafetyNetPoll: true}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{DisableSafetyNetPoll: true}, sub, nil)
 		r.start()
 		time.Sleep(sec(1.1)) // tight polling while unavailable: 0, .25, .5, .75, 1
 		sub.setGate(true)
@@ -572,7 +573,7 @@ func TestClaimHeartbeatBeforeFirstClaim(t *testing.T) {
 func TestClaimKillswitch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sub := newFakeSub(true)
-		r := newClaimRig(t, nil, ClaimOptions{Disabled: true}, sub, nil)
+		r := newClaimRig(t, nil, workers.ClaimOptions{Disabled: true}, sub, nil)
 		r.start()
 		r.w.RequestImmediatePoll()
 		sub.send(driver.SignalWork)
@@ -581,7 +582,7 @@ func TestClaimKillswitch(t *testing.T) {
 		if k := r.coord.kinds(); len(k) != 0 {
 			t.Fatalf("a disabled claim worker made calls: %v", k)
 		}
-		if st := r.w.Stats(); st != (ClaimStats{}) {
+		if st := r.w.Stats(); st != (workers.ClaimStats{}) {
 			t.Fatalf("stats %+v", st)
 		}
 	})
@@ -622,7 +623,7 @@ func TestClaimSchemaGateFailsStart(t *testing.T) {
 			}
 			return nil
 		}}
-		r := newClaimRig(t, coord, ClaimOptions{FailOnSchemaNotReady: true}, nil, nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{FailOnSchemaNotReady: true}, nil, nil)
 		err := r.w.Start(context.Background())
 		if !errors.Is(err, driver.ErrSchemaNotReady) {
 			t.Fatalf("Start: %v, want ErrSchemaNotReady", err)
@@ -651,7 +652,7 @@ func TestClaimCapacityBackpressure(t *testing.T) {
 			free.Add(-int64(got))
 			return driver.ClaimResult{Work: work(driver.Outbox, got), HasMore: got == req.MaxPerCategory}, nil
 		}}
-		r := newClaimRig(t, coord, ClaimOptions{MaxStreamsPerBatch: 25}, nil, func(c *ClaimConfig) {
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 25}, nil, func(c *ClaimConfig) {
 			c.Capacity = func() int { return int(free.Load()) }
 		})
 		r.start()
@@ -677,7 +678,7 @@ func TestClaimCapacityBackpressure(t *testing.T) {
 
 func TestClaimCategoriesPassed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := newClaimRig(t, nil, ClaimOptions{Lease: sec(60)}, nil, func(c *ClaimConfig) {
+		r := newClaimRig(t, nil, workers.ClaimOptions{Lease: sec(60)}, nil, func(c *ClaimConfig) {
 			c.Categories = []driver.Category{driver.Inbox, driver.Receptor}
 		})
 		r.start()
@@ -744,7 +745,7 @@ func TestClaimGateNoticedWhileFull(t *testing.T) {
 		var free atomic.Int64
 		free.Store(0)
 		sub := newFakeSub(true)
-		r := newClaimRig(t, nil, ClaimOptions{}, sub, func(c *ClaimConfig) {
+		r := newClaimRig(t, nil, workers.ClaimOptions{}, sub, func(c *ClaimConfig) {
 			c.Capacity = func() int { return int(free.Load()) }
 		})
 		r.start()

@@ -1,13 +1,16 @@
-package workers
+package loops
 
 import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/workpump/workpump/workers"
 )
 
 // flushRec records the flushes of a BatchFlusher[int].
@@ -65,7 +68,7 @@ func startFlusher(t *testing.T, r *flushRec, opts FlusherOptions) *BatchFlusher[
 	return f
 }
 
-var defaultFlusher = RenewalOptions{}.WithDefaults().flusherOptions()
+var defaultFlusher = renewalFlusher(workers.RenewalOptions{}.WithDefaults())
 
 func enqueueN(t *testing.T, f *BatchFlusher[int], from, n int) {
 	t.Helper()
@@ -276,6 +279,24 @@ func TestFlusherRejectsBadOptions(t *testing.T) {
 	}
 	if _, err := StartBatchFlusher[int](defaultFlusher, nil, nil); err == nil {
 		t.Fatal("nil flush func accepted")
+	}
+	// Validate checks the flusher's own fields, each by name, and nothing
+	// of the renewal options it borrows its rules from.
+	if err := defaultFlusher.Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for field, mod := range map[string]func(*FlusherOptions){
+		"MaxBatch":         func(o *FlusherOptions) { o.MaxBatch = 0 },
+		"CoalesceWindow":   func(o *FlusherOptions) { o.CoalesceWindow = -time.Millisecond },
+		"ImmediateFlushAt": func(o *FlusherOptions) { o.ImmediateFlushAt = 0 },
+		"Capacity":         func(o *FlusherOptions) { o.Capacity = o.ImmediateFlushAt - 1 },
+		"DrainTimeout":     func(o *FlusherOptions) { o.DrainTimeout = 0 },
+	} {
+		o := defaultFlusher
+		mod(&o)
+		if err := o.Validate(); !isArgErr(err) || !strings.HasPrefix(err.Error(), field+": ") {
+			t.Errorf("%s: Validate() = %v, want an invalid-argument error starting with the field", field, err)
+		}
 	}
 }
 

@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/memdriver"
+	"github.com/workpump/workpump/workers"
 )
 
 // rig wires the four workers over one memdriver store, the way the Pump
@@ -232,7 +233,7 @@ func TestWorkersOverMemdriverRenewalCapReissues(t *testing.T) {
 		// deadline cause, and once the lease runs out the row is re-issued
 		// to this instance with attempts+1.
 		<-h.Context().Done()
-		if !errors.Is(context.Cause(h.Context()), ErrLeaseDeadline) || h.Renewals() != 6 {
+		if !errors.Is(context.Cause(h.Context()), workers.ErrLeaseDeadline) || h.Renewals() != 6 {
 			t.Fatalf("cause %v, renewals %d", context.Cause(h.Context()), h.Renewals())
 		}
 		time.Sleep(5 * time.Minute)
@@ -241,7 +242,7 @@ func TestWorkersOverMemdriverRenewalCapReissues(t *testing.T) {
 			t.Fatalf("re-issue: %+v", works)
 		}
 		_, _, handles = r.claimed()
-		if !errors.Is(context.Cause(h.Context()), ErrLeaseDeadline) {
+		if !errors.Is(context.Cause(h.Context()), workers.ErrLeaseDeadline) {
 			t.Fatal("the old handle's cause changed")
 		}
 		for _, h := range handles {

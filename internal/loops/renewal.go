@@ -1,4 +1,4 @@
-package workers
+package loops
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/workers"
 )
 
 // RenewalCoordinator is the part of driver.Coordinator the renewal worker uses.
@@ -27,7 +28,7 @@ type RenewalConfig struct {
 	// after defaults); renewals extend by the same length. Zero means
 	// DefaultLease.
 	Lease   time.Duration
-	Options RenewalOptions
+	Options workers.RenewalOptions
 	Logger  hclog.Logger // nil: no logs
 	Hooks   RenewalHooks
 }
@@ -55,18 +56,6 @@ type RenewalCall struct {
 	Err      error
 }
 
-// RenewalStats counts what the renewal worker did.
-type RenewalStats struct {
-	Requested uint64 // distinct (category, id) requests taken from the queue
-	Skipped   uint64 // requests refused by their handle (cap, disposed, receptor) or without one
-	Calls     uint64 // RenewLeases calls
-	Renewed   uint64 // rows renewed
-	Lost      uint64 // handles ended with driver.ErrLeaseLost
-	Errors    uint64 // failed RenewLeases calls
-	Dropped   uint64 // requests refused by a full queue or a stopped worker
-	Overruns  uint64 // handlers reported running past their lease (OnOverrun)
-}
-
 // LeaseRenewalWorker keeps the leases of running dispatches alive. Each
 // dispatch acquires a LeaseHandle; handles queue renewal requests (by
 // themselves when a third of the lease is left, or through requestRenewal),
@@ -79,7 +68,7 @@ type LeaseRenewalWorker struct {
 	coord      RenewalCoordinator
 	instanceID uuid.UUID
 	lease      time.Duration
-	opts       RenewalOptions
+	opts       workers.RenewalOptions
 	logger     hclog.Logger
 	hooks      RenewalHooks
 	life       lifecycle
@@ -95,24 +84,26 @@ type LeaseRenewalWorker struct {
 // NewLeaseRenewalWorker applies defaults, validates cfg and returns a
 // stopped worker.
 func NewLeaseRenewalWorker(cfg RenewalConfig) (*LeaseRenewalWorker, error) {
+	const name = "renewal worker"
 	if cfg.Coordinator == nil {
-		return nil, fmt.Errorf("workers: renewal worker: %w: Coordinator is nil", driver.ErrInvalidArgument)
+		return nil, invalid(name, "Coordinator is nil")
 	}
 	if cfg.InstanceID == uuid.Nil {
-		return nil, fmt.Errorf("workers: renewal worker: %w: InstanceID: nil UUID", driver.ErrInvalidArgument)
+		return nil, invalid(name, "InstanceID: nil UUID")
 	}
 	if cfg.Lease == 0 {
-		cfg.Lease = DefaultLease
+		cfg.Lease = workers.DefaultLease
 	}
 	if cfg.Lease < 0 {
-		return nil, fmt.Errorf("workers: renewal worker: %w", optErr("Lease", "%v, want > 0", cfg.Lease))
+		return nil, invalid(name, "Lease: %v, want > 0", cfg.Lease)
 	}
 	opts := cfg.Options.WithDefaults()
 	if err := opts.Validate(); err != nil {
-		return nil, fmt.Errorf("workers: renewal worker: %w", err)
+		return nil, invalid(name, "%w", err)
 	}
-	if err := opts.validateLease(cfg.Lease); err != nil {
-		return nil, fmt.Errorf("workers: renewal worker: %w", err)
+	// The grace must leave part of the lease to run in.
+	if opts.LeaseGrace >= cfg.Lease {
+		return nil, invalid(name, "LeaseGrace: %v, want < the claim Lease (%v)", opts.LeaseGrace, cfg.Lease)
 	}
 	return &LeaseRenewalWorker{
 		coord:      cfg.Coordinator,
@@ -121,7 +112,7 @@ func NewLeaseRenewalWorker(cfg RenewalConfig) (*LeaseRenewalWorker, error) {
 		opts:       opts,
 		logger:     namedLogger(cfg.Logger, "renewal"),
 		hooks:      cfg.Hooks,
-		life:       lifecycle{name: "workers: renewal worker"},
+		life:       lifecycle{name: name},
 		handles:    make(map[LeaseKey]*LeaseHandle),
 	}, nil
 }
@@ -132,7 +123,7 @@ func (w *LeaseRenewalWorker) Start(ctx context.Context) error {
 	if err != nil || !started {
 		return err
 	}
-	f, err := StartBatchFlusher(w.opts.flusherOptions(), w.flush, w.logger)
+	f, err := StartBatchFlusher(renewalFlusher(w.opts), w.flush, w.logger)
 	if err != nil {
 		return err // unreachable: options were validated
 	}
@@ -225,11 +216,11 @@ func (w *LeaseRenewalWorker) requestRenewal(c driver.Category, id uuid.UUID) boo
 }
 
 // Stats returns the worker's counters.
-func (w *LeaseRenewalWorker) Stats() RenewalStats {
+func (w *LeaseRenewalWorker) Stats() workers.RenewalStats {
 	w.mu.Lock()
 	f := w.flusher
 	w.mu.Unlock()
-	s := RenewalStats{
+	s := workers.RenewalStats{
 		Requested: w.requested.Load(),
 		Skipped:   w.skipped.Load(),
 		Calls:     w.calls.Load(),
