@@ -6,7 +6,7 @@
 // interface (Coordinator) that a store implements, optional capability
 // interfaces (Listener, Inspector, SchemaChecker, Purger) that a store may add,
 // and the portable value types both sides share. Nothing here knows a
-// database; the workers in package workers and the Pump use only this package,
+// database; the Pump and its loops (internal/loops) use only this package,
 // and the shared conformance suite (package conformance) pins down every rule
 // written in these doc comments on every driver.
 //
