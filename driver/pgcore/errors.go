@@ -14,6 +14,14 @@ import (
 // have SQLState(); bun's pgdriver has Field('C'). It returns "" for other
 // errors.
 func SQLState(err error) (code, msg string) {
+	var pq interface {
+		SQLState() string
+		Get(field byte) string
+	}
+	if errors.As(err, &pq) {
+		// lib/pq: Error() adds a "pq: " prefix and the code.
+		return pq.SQLState(), pq.Get('M')
+	}
 	var st interface {
 		SQLState() string
 		Error() string

@@ -66,20 +66,22 @@ func (c *Core) Listen(ctx context.Context, instanceID uuid.UUID) (driver.Subscri
 		c.mu.Unlock()
 		return nil, fmt.Errorf("%s: Listen: %w", c.name, driver.ErrClosed)
 	}
+	// Every subscription is registered, the poll-only ones too, so that
+	// Core.Close ends them all.
+	c.subs[instanceID] = append(c.subs[instanceID], s)
 	if c.dial == nil {
 		c.mu.Unlock()
 		close(s.done)
-		s.stopAfter = context.AfterFunc(ctx, func() { _ = s.Close() })
+		s.watch(ctx)
 		return s, nil
 	}
 	s.dial = c.dial
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
-	c.subs[instanceID] = append(c.subs[instanceID], s)
-	c.mu.Unlock()
 	first := make(chan struct{})
 	go s.run(runCtx, first)
-	s.stopAfter = context.AfterFunc(ctx, func() { _ = s.Close() })
+	c.mu.Unlock()
+	s.watch(ctx)
 	select {
 	case <-first:
 	case <-ctx.Done():
@@ -155,9 +157,10 @@ func (s *subscription) Close() error {
 		return nil
 	}
 	s.closed = true
+	stop := s.stopAfter
 	s.mu.Unlock()
-	if s.stopAfter != nil {
-		s.stopAfter()
+	if stop != nil {
+		stop()
 	}
 	if s.cancel != nil {
 		s.cancel()
@@ -182,6 +185,15 @@ func (s *subscription) Close() error {
 	close(s.ch)
 	s.mu.Unlock()
 	return nil
+}
+
+// watch closes the subscription when ctx ends, unless it is closed already.
+func (s *subscription) watch(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.stopAfter = context.AfterFunc(ctx, func() { _ = s.Close() })
+	}
 }
 
 // push sends sig without blocking; a full buffer drops it (coalescing).

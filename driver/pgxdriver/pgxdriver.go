@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -119,17 +120,22 @@ func Dialect(prepared bool) pgcore.Dialect {
 	}
 }
 
-// simple reports whether q runs pgx's simple protocol.
+// simple reports whether q runs a mode in which pgx does not learn the
+// parameters' types from the server (the simple protocol, and Exec), so
+// arrays of [16]byte cannot be encoded.
 func simple(q pgcore.Querier) bool {
+	var m pgx.QueryExecMode
 	switch q := q.(type) {
 	case poolDB:
-		return q.p.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
+		m = q.p.Config().ConnConfig.DefaultQueryExecMode
 	case txQ:
-		return q.tx.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
+		m = q.tx.Conn().Config().DefaultQueryExecMode
 	case connQ:
-		return q.c.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
+		m = q.c.Conn().Config().DefaultQueryExecMode
+	default:
+		return true
 	}
-	return true
+	return m == pgx.QueryExecModeSimpleProtocol || m == pgx.QueryExecModeExec
 }
 
 // SessionDialer opens listener sessions with cfg (a copy, with the
@@ -166,8 +172,13 @@ func ConnStringDialer(connString string) (pgcore.Dialer, error) {
 // stdlib driver), found on the first dial. On another driver the dial
 // fails with pgcore.ErrNoSessions, which makes the core poll.
 func StdlibDialer(db *sql.DB) pgcore.Dialer {
-	var dial pgcore.Dialer
+	var (
+		mu   sync.Mutex
+		dial pgcore.Dialer
+	)
 	return func(ctx context.Context) (pgcore.Session, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		if dial == nil {
 			conn, err := db.Conn(ctx)
 			if err != nil {

@@ -1147,3 +1147,37 @@ func TestCheckSchemaNamesFunctionsThatDiffer(t *testing.T) {
 		t.Fatalf("CheckSchema after restoring the functions: %v", err)
 	}
 }
+
+// TestEveryQueryExecMode: a pool in any of pgx's query modes enqueues,
+// claims, renews and completes. In the modes that do not learn parameter
+// types from the server (Exec, SimpleProtocol) uuid arrays go as text.
+func TestEveryQueryExecMode(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.CleanSchema(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		c := mustNew(t, newPool(t, mode, 2), Options{Schema: schema, DisableListener: true})
+		inst := uuid.Must(uuid.NewV7())
+		register(t, c, inst)
+		ids, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: "s-" + mode.String(), Name: "n"}})
+		if err != nil {
+			t.Fatalf("%v: Enqueue: %v", mode, err)
+		}
+		res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: time.Minute, MaxPerCategory: 10})
+		if err != nil || len(res.Work) != 1 || res.Work[0].ID != ids[0] {
+			t.Fatalf("%v: ClaimWork = %+v, %v; want the enqueued item", mode, res, err)
+		}
+		if rr, err := c.RenewLeases(ctx, driver.RenewRequest{InstanceID: inst, Category: driver.Outbox, IDs: ids, Lease: time.Minute}); err != nil || rr.Renewed != 1 {
+			t.Fatalf("%v: RenewLeases = %+v, %v", mode, rr, err)
+		}
+		if ar, err := c.Complete(ctx, inst, []driver.Ref{res.Work[0].Ref()}); err != nil || ar.Applied != 1 {
+			t.Fatalf("%v: Complete = %+v, %v", mode, ar, err)
+		}
+		if _, ok, err := c.GetWork(ctx, driver.Outbox, ids[0]); err != nil || ok {
+			t.Fatalf("%v: completed item still stored (ok=%v, err=%v)", mode, ok, err)
+		}
+		if err := c.Deregister(ctx, inst); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
