@@ -2,7 +2,6 @@ package bundriver
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -41,7 +40,9 @@ func New(db bun.IDB, opts Options) (*Coordinator, error) {
 	case !ok:
 		return nil, fmt.Errorf("%w: db: a %T; want the *bun.DB (pass transactions to EnqueueTx)", driver.ErrInvalidArgument, db)
 	}
-	core, err := pgcore.New(sqldriver.Client(bdb.DB, "bundriver"), opts)
+	// Statements go through bun (its query hooks see them), with bun's
+	// client-side interpolation of ? placeholders.
+	core, err := pgcore.New(sqldriver.NewClient[bun.Tx, bun.Conn](bdb, bdb.DB, "bundriver", pgcore.Dialect{Placeholder: pgcore.Question}), opts)
 	if err != nil {
 		return nil, err
 	}
@@ -86,29 +87,14 @@ func (c *Coordinator) CompleteDeliveryTx(ctx context.Context, db bun.IDB) error 
 	return c.CompleteDeliveryOn(ctx, q)
 }
 
-// querier reaches the database/sql handle under a bun handle.
+// querier runs the core's statements through a bun handle (a bun.Tx, the
+// *bun.DB or a bun.Conn), so bun's query hooks see them.
 func querier(db bun.IDB) (pgcore.Querier, error) {
-	var h sqldriver.Handle
-	switch d := db.(type) {
-	case bun.Tx:
-		h = d.Tx
-	case *bun.Tx:
-		if d != nil {
-			h = d.Tx
-		}
-	case *bun.DB:
-		if d != nil {
-			h = d.DB
-		}
-	case bun.Conn:
-		h = d.Conn
-	case *bun.Conn:
-		if d != nil {
-			h = d.Conn
-		}
+	if db == nil {
+		return nil, fmt.Errorf("%w: db: nil", driver.ErrInvalidArgument)
 	}
-	if h == nil || h == (*sql.Tx)(nil) || h == (*sql.DB)(nil) || h == (*sql.Conn)(nil) {
-		return nil, fmt.Errorf("%w: db: %T, want a bun.Tx, *bun.DB or bun.Conn", driver.ErrInvalidArgument, db)
+	if d, ok := db.(*bun.DB); ok && d == nil {
+		return nil, fmt.Errorf("%w: db: nil", driver.ErrInvalidArgument)
 	}
-	return sqldriver.Querier(h), nil
+	return sqldriver.Querier(db), nil
 }

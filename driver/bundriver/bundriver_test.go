@@ -3,6 +3,7 @@ package bundriver_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
 	"github.com/uptrace/bun/dialect/pgdialect"
+	"github.com/uptrace/bun/driver/pgdriver"
 	"github.com/uptrace/bun/schema"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/bundriver"
@@ -599,6 +601,76 @@ func TestAsynchronousClaims(t *testing.T) {
 		_ = conn.Close(ctx)
 		if want := map[bool]string{false: "on", true: "off"}[asyncClaims]; mode != want {
 			t.Errorf("AsynchronousClaims=%v: synchronous_commit after the claim statement = %s, want %s", asyncClaims, mode, want)
+		}
+	}
+}
+
+// hookRecorder is a bun query hook that records the queries bun ran.
+type hookRecorder struct {
+	mu      sync.Mutex
+	queries []string
+}
+
+func (h *hookRecorder) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
+
+func (h *hookRecorder) AfterQuery(_ context.Context, e *bun.QueryEvent) {
+	h.mu.Lock()
+	h.queries = append(h.queries, e.Query)
+	h.mu.Unlock()
+}
+
+func (h *hookRecorder) saw(fn string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, q := range h.queries {
+		if strings.Contains(q, fn) {
+			return true
+		}
+	}
+	return false
+}
+
+// The pump's statements run through bun, so the application's query hooks
+// (bundebug, bunotel) see them: the coordinator's own calls and the
+// enqueue in the application's transaction alike.
+func TestQueryHooksSeeThePumpsStatements(t *testing.T) {
+	ctx := t.Context()
+	for _, setup := range []string{setupPgx, setupPgdriver} {
+		url := pgtest.URL(t)
+		var sqldb *sql.DB
+		if setup == setupPgx {
+			cfg, err := pgx.ParseConfig(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sqldb = stdlib.OpenDB(*cfg)
+		} else {
+			sqldb = sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(url)))
+		}
+		db := bun.NewDB(sqldb, pgdialect.New())
+		t.Cleanup(func() { _ = db.Close() })
+		hook := &hookRecorder{}
+		db.AddQueryHook(hook)
+		c, err := bundriver.New(db, bundriver.Options{Schema: pgtest.Schema(t), DisableListener: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := registered(t, c)
+		if !hook.saw("wp_record_heartbeat") {
+			t.Fatalf("%s: the hook did not see the heartbeat", setup)
+		}
+		if err := db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+			_, err := c.EnqueueTx(ctx, tx, []driver.NewWork{{Category: driver.Outbox, StreamID: "hooked", Name: "n"}})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !hook.saw("wp_enqueue") {
+			t.Fatalf("%s: the hook did not see the enqueue in the application's transaction", setup)
+		}
+		res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Lease: time.Minute, MaxPerCategory: 10})
+		if err != nil || len(res.Work) == 0 || !hook.saw("wp_claim_work") {
+			t.Fatalf("%s: claim %+v, %v; hook saw it: %v", setup, res, err, hook.saw("wp_claim_work"))
 		}
 	}
 }

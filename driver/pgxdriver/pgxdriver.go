@@ -208,8 +208,14 @@ func StdlibDialer(db *sql.DB) pgcore.Dialer {
 	}
 }
 
+// RawConn is a database/sql connection held out of its pool (*sql.Conn, or
+// a layer's type that embeds one).
+type RawConn interface {
+	Raw(f func(driverConn any) error) error
+}
+
 // OnStdlib reports whether conn is a connection of pgx's stdlib driver.
-func OnStdlib(conn *sql.Conn) (ok bool) {
+func OnStdlib(conn RawConn) (ok bool) {
 	_ = conn.Raw(func(dc any) error {
 		_, ok = dc.(*stdlib.Conn)
 		return nil
@@ -220,7 +226,7 @@ func OnStdlib(conn *sql.Conn) (ok bool) {
 // StdlibCopy runs COPY FROM STDIN on conn, a database/sql connection of
 // pgx's stdlib driver, whose transaction (if any) is idle between
 // statements. ok is false, and nothing is sent, on another driver.
-func StdlibCopy(ctx context.Context, conn *sql.Conn, text string, data []byte) (ok bool, err error) {
+func StdlibCopy(ctx context.Context, conn RawConn, text string, data []byte) (ok bool, err error) {
 	err = conn.Raw(func(dc any) error {
 		sc, isPgx := dc.(*stdlib.Conn)
 		if !isPgx {

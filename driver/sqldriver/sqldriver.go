@@ -54,14 +54,46 @@ func New(db *sql.DB, opts Options) (*Coordinator, error) {
 	return &Coordinator{Core: core, db: db}, nil
 }
 
-// Client is the pgcore client over db, for adapters built on database/sql
-// (bundriver): $n placeholders, arrays as text literals, COPY and listener
-// sessions on pgx's stdlib driver. name prefixes errors.
+// Client is the pgcore client over db, for adapters built on database/sql:
+// $n placeholders, arrays as text literals, COPY and listener sessions on
+// pgx's stdlib driver. name prefixes errors.
 func Client(db *sql.DB, name string) pgcore.Client {
+	return NewClient[*sql.Tx, *sql.Conn](db, db, name, pgcore.Dialect{})
+}
+
+// Pool is what a database/sql pool offers, or a layer over one whose
+// transactions and connections are types of its own (bun's *bun.DB, with
+// bun.Tx and bun.Conn).
+type Pool[T Txn, C PoolConn[T]] interface {
+	Handle
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (T, error)
+	Conn(ctx context.Context) (C, error)
+}
+
+// Txn is a transaction of a Pool.
+type Txn interface {
+	Handle
+	Commit() error
+	Rollback() error
+}
+
+// PoolConn is a connection held out of a Pool.
+type PoolConn[T Txn] interface {
+	Handle
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (T, error)
+	Raw(f func(driverConn any) error) error
+	Close() error
+}
+
+// NewClient is the pgcore client over pool, whose statements take the
+// placeholders and arrays of d; raw is the *sql.DB under it, from which
+// listener sessions are derived on pgx's stdlib driver.
+func NewClient[T Txn, C PoolConn[T]](pool Pool[T, C], raw *sql.DB, name string, d pgcore.Dialect) pgcore.Client {
 	return pgcore.Client{
-		DB:               sqlDB{db},
+		DB:               sqlDB[T, C]{pool},
+		Dialect:          d,
 		Name:             name,
-		Listen:           pgxdriver.StdlibDialer(db),
+		Listen:           pgxdriver.StdlibDialer(raw),
 		ConnStringDialer: pgxdriver.ConnStringDialer,
 	}
 }
@@ -132,28 +164,28 @@ func (q querier) Exec(ctx context.Context, text string, args ...any) error {
 }
 
 // sqlDB is the pool as the core's DB.
-type sqlDB struct{ db *sql.DB }
+type sqlDB[T Txn, C PoolConn[T]] struct{ p Pool[T, C] }
 
-func (d sqlDB) Query(ctx context.Context, text string, args ...any) (pgcore.Rows, error) {
-	return querier{d.db}.Query(ctx, text, args...)
+func (d sqlDB[T, C]) Query(ctx context.Context, text string, args ...any) (pgcore.Rows, error) {
+	return querier{d.p}.Query(ctx, text, args...)
 }
 
-func (d sqlDB) Exec(ctx context.Context, text string, args ...any) error {
-	return querier{d.db}.Exec(ctx, text, args...)
+func (d sqlDB[T, C]) Exec(ctx context.Context, text string, args ...any) error {
+	return querier{d.p}.Exec(ctx, text, args...)
 }
 
-func (d sqlDB) Begin(ctx context.Context) (pgcore.Tx, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
+func (d sqlDB[T, C]) Begin(ctx context.Context) (pgcore.Tx, error) {
+	tx, err := d.p.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
-	return sqlTx{querier{tx}, tx, nil}, nil
+	return sqlTx[T]{querier{tx}, tx, nil}, nil
 }
 
 // BeginCopy starts a transaction on a connection kept for it, which can run
 // COPY when the driver is pgx's stdlib; on another driver it returns nil.
-func (d sqlDB) BeginCopy(ctx context.Context) (pgcore.Tx, error) {
-	conn, err := d.db.Conn(ctx)
+func (d sqlDB[T, C]) BeginCopy(ctx context.Context) (pgcore.Tx, error) {
+	conn, err := d.p.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -166,29 +198,35 @@ func (d sqlDB) BeginCopy(ctx context.Context) (pgcore.Tx, error) {
 		_ = conn.Close()
 		return nil, err
 	}
-	return copyTx{sqlTx{querier{tx}, tx, conn}}, nil
+	return copyTx[T]{sqlTx[T]{querier{tx}, tx, conn}}, nil
 }
 
-func (d sqlDB) Conn(ctx context.Context) (pgcore.Conn, error) {
-	c, err := d.db.Conn(ctx)
+func (d sqlDB[T, C]) Conn(ctx context.Context) (pgcore.Conn, error) {
+	c, err := d.p.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return sqlConn{querier{c}, c}, nil
 }
 
-// sqlTx is a transaction of the core's; conn, when set, is the connection
-// it was begun on, closed at its end.
-type sqlTx struct {
-	querier
-	tx   *sql.Tx
-	conn *sql.Conn
+// heldConn is a connection held out of a pool, of any Pool.
+type heldConn interface {
+	Raw(f func(driverConn any) error) error
+	Close() error
 }
 
-func (t sqlTx) Commit(context.Context) error   { return t.end(t.tx.Commit()) }
-func (t sqlTx) Rollback(context.Context) error { return t.end(t.tx.Rollback()) }
+// sqlTx is a transaction of the core's; conn, when set, is the connection
+// it was begun on, closed at its end.
+type sqlTx[T Txn] struct {
+	querier
+	tx   T
+	conn heldConn
+}
 
-func (t sqlTx) end(err error) error {
+func (t sqlTx[T]) Commit(context.Context) error   { return t.end(t.tx.Commit()) }
+func (t sqlTx[T]) Rollback(context.Context) error { return t.end(t.tx.Rollback()) }
+
+func (t sqlTx[T]) end(err error) error {
 	if t.conn != nil {
 		_ = t.conn.Close()
 	}
@@ -196,9 +234,9 @@ func (t sqlTx) end(err error) error {
 }
 
 // copyTx is a transaction on a pgx stdlib connection: it has COPY.
-type copyTx struct{ sqlTx }
+type copyTx[T Txn] struct{ sqlTx[T] }
 
-func (t copyTx) CopyFrom(ctx context.Context, text string, data []byte) error {
+func (t copyTx[T]) CopyFrom(ctx context.Context, text string, data []byte) error {
 	_, err := pgxdriver.StdlibCopy(ctx, t.conn, text, data)
 	return err
 }
@@ -206,7 +244,7 @@ func (t copyTx) CopyFrom(ctx context.Context, text string, data []byte) error {
 // sqlConn is a connection held out of the pool.
 type sqlConn struct {
 	querier
-	c *sql.Conn
+	c heldConn
 }
 
 func (c sqlConn) Release() { _ = c.c.Close() }
