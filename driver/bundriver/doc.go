@@ -8,10 +8,13 @@
 //	p, err := workpump.New(coord, workpump.Options{...})
 //
 // It is package pgcore's core (see its documentation and docs/design.md)
-// on the *sql.DB under bun, through sqldriver's client: the same SQL
-// functions and call texts as pgxdriver, so both run side by side on one
-// schema. Statements go to database/sql directly with $n placeholders, not
-// through bun's query builder or hooks.
+// on bun's handles, through sqldriver's client: the same SQL functions as
+// pgxdriver, so both run side by side on one schema. Every statement goes
+// through bun with its client-side interpolation (? placeholders), so bun's
+// query hooks (bundebug, bunotel) see it, on any database/sql driver bun
+// supports and behind a transaction pooler. New takes the *bun.DB;
+// transactions and connections go to EnqueueTx, CompleteTx and
+// CompleteDeliveryTx.
 //
 // # Transactions
 //
