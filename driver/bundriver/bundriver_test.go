@@ -611,7 +611,9 @@ type hookRecorder struct {
 	queries []string
 }
 
-func (h *hookRecorder) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
+func (h *hookRecorder) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
+	return ctx
+}
 
 func (h *hookRecorder) AfterQuery(_ context.Context, e *bun.QueryEvent) {
 	h.mu.Lock()
