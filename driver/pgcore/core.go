@@ -256,7 +256,9 @@ func (c *Core) Schema() string { return c.opts.Schema }
 func (c *Core) Options() Options { return c.opts }
 
 // Signals reports whether subscriptions get wake-up signals and hold the
-// alive-lock, and when not, why.
+// alive-lock, and when not, why. A dialer that derives its sessions from
+// the client (sqldriver and bundriver on pgx's stdlib) finds out at the
+// first Listen whether it can: until then Signals reports on.
 func (c *Core) Signals() (on bool, why string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
