@@ -72,17 +72,45 @@ func (c *Core) CheckVersion(ctx context.Context) error {
 // function edited by hand, or installed by a build whose SQL for the same
 // version differs. A difference wraps driver.ErrSchemaMismatch and
 // migrations.ErrFunctionsDiffer and names the functions.
-func (c *Core) verifyFunctions(ctx context.Context) error {
+//
+// Deparsing every function costs tens of milliseconds on a connection whose
+// catalog caches are cold, so the read runs in a transaction of its own
+// with no statement timeout: a pool configured with a short one must still
+// start (the caller's ctx bounds it).
+func (c *Core) verifyFunctions(ctx context.Context) (err error) {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return c.mapError("CheckSchema", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := tx.Exec(ctx, `SELECT set_config('statement_timeout', '0', true)`); err != nil {
+		return c.mapError("CheckSchema", err)
+	}
+	rows, err := tx.Query(ctx, c.sql.functions)
+	if err != nil {
+		return c.mapError("CheckSchema", err)
+	}
 	var fns []migrations.InstalledFunction
-	if err := c.each(ctx, "CheckSchema", c.sql.functions, nil, func(rows Rows) error {
+	for rows.Next() {
 		var f migrations.InstalledFunction
 		if err := rows.Scan(&f.Signature, &f.Checksum); err != nil {
-			return err
+			_ = rows.Close()
+			return c.mapError("CheckSchema", err)
 		}
 		fns = append(fns, f)
-		return nil
-	}); err != nil {
-		return err
+	}
+	if err := rows.Close(); err != nil {
+		return c.mapError("CheckSchema", err)
+	}
+	if err := rows.Err(); err != nil {
+		return c.mapError("CheckSchema", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return c.mapError("CheckSchema", err)
 	}
 	if err := migrations.VerifyFunctions(c.opts.Schema, fns); err != nil {
 		return fmt.Errorf("%w: %w", driver.ErrSchemaMismatch, err)

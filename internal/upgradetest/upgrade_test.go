@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ const baseline = 6
 // item is one enqueued item the test expects the pump to handle.
 type item struct {
 	id    uuid.UUID
-	scope string // category/stream[/name]: handled in enqueue order
+	scope string // category/stream[/name]: handled in enqueue order, unless the stream is empty
 	pos   int    // position in its scope
 }
 
@@ -305,6 +306,11 @@ func TestUpgradeCarriesWorkInFlight(t *testing.T) {
 		}
 	}
 	for scope, got := range order {
+		// Rows with an empty StreamID have no order: each is a scope of
+		// its own.
+		if strings.Contains(scope, "/(none)/") {
+			continue
+		}
 		if !slices.IsSorted(got) {
 			t.Errorf("scope %s handled in the order %v", scope, got)
 		}
