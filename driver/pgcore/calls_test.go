@@ -51,7 +51,7 @@ func TestTextArray(t *testing.T) {
 		{[][]byte{{0x01, 0xab}, nil}, `{"\\x01ab",NULL}`},
 		{[]bool{true, false}, `{true,false}`},
 	} {
-		if got := textArrayString(tc.in); got != tc.want {
+		if got := fmt.Sprint(TextArray(tc.in)); got != tc.want {
 			t.Errorf("TextArray(%#v) = %s, want %s", tc.in, got, tc.want)
 		}
 	}

@@ -2,7 +2,6 @@ package pgcore
 
 import (
 	"encoding/hex"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -95,6 +94,3 @@ func dollar(i int) string { return "$" + strconv.Itoa(i) }
 // Question is the placeholder of clients that interpolate arguments on the
 // client side (bun): every parameter is "?".
 func Question(int) string { return "?" }
-
-// String returns the literal TextArray renders, for tests and logs.
-func textArrayString(v any) string { return fmt.Sprint(TextArray(v)) }

@@ -215,7 +215,6 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.C
 		w.Partition = int(part)
 		w.Attempts = int(att)
 		w.Metadata = json.RawMessage(meta)
-		meta = nil
 		w.ScheduledFor = nullTime(sched)
 		w.CreatedAt = nullTime(created)
 		w.LeaseExpiry = nullTime(lease)
