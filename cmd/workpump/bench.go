@@ -25,12 +25,15 @@ import (
 type benchConfig struct {
 	n, instances, streams, concurrency int
 	batch, maxInFlight, repeat         int
+	writers, rounds                    int
+	handlerTx                          bool
 	mode                               string
 	rate                               int
 	duration, warmup                   time.Duration
 	asJSON, reset, asyncClaims         bool
 	selfPolling                        bool
 	selfPollMinItems                   int
+	selfPollInterval                   time.Duration
 	databaseURL, schema                string
 	cpuProfile                         string
 }
@@ -57,10 +60,19 @@ type benchResult struct {
 	Claims                      int64            `json:"claims,omitempty"` // every mode: ClaimWork calls
 	OtherWrites                 int64            `json:"other_write_calls,omitempty"`
 	RowsWritten                 map[string]int64 `json:"rows_written,omitempty"`
+	// appwrite mode: medians over the rounds
+	NoPumpTxPerSec      float64         `json:"no_pump_tx_per_sec,omitempty"`
+	PumpTxPerSec        float64         `json:"pump_tx_per_sec,omitempty"`
+	Ratio               float64         `json:"ratio,omitempty"` // median of the rounds' pump/no-pump ratios
+	RatioMin            float64         `json:"ratio_min,omitempty"`
+	RatioMax            float64         `json:"ratio_max,omitempty"`
+	LockWaitShareNoPump float64         `json:"lock_wait_share_no_pump,omitempty"`
+	LockWaitSharePump   float64         `json:"lock_wait_share_pump,omitempty"`
+	Phases              []appwritePhase `json:"phases,omitempty"`
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--repeat N] [--json]", stderr)
+	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle|appwrite] [--repeat N] [--json]", stderr)
 	var c benchConfig
 	fs.IntVar(&c.n, "n", 200000, "burndown: items to drain")
 	fs.IntVar(&c.instances, "instances", 1, "pump instances (in this process)")
@@ -68,7 +80,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.concurrency, "concurrency", 16, "handler goroutines per instance")
 	fs.IntVar(&c.batch, "batch", workers.DefaultMaxStreamsPerBatch, "rows per category per claim (Claim.MaxStreamsPerBatch)")
 	fs.IntVar(&c.maxInFlight, "max-in-flight", 4000, "claimed, unfinished items per instance (MaxInFlight)")
-	fs.StringVar(&c.mode, "mode", "burndown", "burndown (drain N items), continuous (enqueue at --rate, measure pickup latency) or idle (count what idle instances write for --duration)")
+	fs.StringVar(&c.mode, "mode", "burndown", "burndown (drain N items), continuous (enqueue at --rate, measure pickup latency), idle (count what idle instances write for --duration) or appwrite (Postgres: the application's write rate with and without pumps draining)")
+	fs.IntVar(&c.writers, "writers", 8, "appwrite: application sessions, each committing order row + EnqueueTx transactions in a loop")
+	fs.IntVar(&c.rounds, "rounds", 5, "appwrite: rounds, each one phase of --duration without a pump and one with --instances pumps, alternating which goes first")
+	fs.BoolVar(&c.handlerTx, "handler-tx", false, "appwrite: handlers complete each item in a transaction of their own (CompleteDeliveryTx) with a row of their own")
 	fs.IntVar(&c.rate, "rate", 1000, "continuous: items per second, one per transaction")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue; idle: how long to idle")
 	fs.DurationVar(&c.warmup, "warmup", 0, "continuous: first enqueue at --rate for this long, wait until those items are handled, and only then measure (steady state: every connection has planned its statements)")
@@ -77,6 +92,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
 	fs.BoolVar(&c.selfPolling, "self-polling", false, "instances poll by themselves while work flows, and enqueues to them skip their NOTIFY (Claim.SelfPolling)")
 	fs.IntVar(&c.selfPollMinItems, "self-poll-min-items", 0, "with --self-polling: items claimed within 50 ms that begin a period (Claim.SelfPollMinItems; 0: the default, 20)")
+	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "with --self-polling: the claim cadence of a period (Claim.SelfPollInterval; 0: the default)")
 	fs.IntVar(&c.repeat, "repeat", 1, "run the bench this many times, each on a fresh store, and end with the medians")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
@@ -86,8 +102,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	c.databaseURL = *db
 	switch {
-	case c.mode != "burndown" && c.mode != "continuous" && c.mode != "idle":
-		return usagef("--mode: %q, want burndown, continuous or idle", c.mode)
+	case c.mode != "burndown" && c.mode != "continuous" && c.mode != "idle" && c.mode != "appwrite":
+		return usagef("--mode: %q, want burndown, continuous, idle or appwrite", c.mode)
+	case c.mode == "appwrite" && c.databaseURL == "":
+		return usagef("--mode appwrite measures Postgres commits; give --database-url")
+	case c.writers <= 0:
+		return usagef("--writers must be > 0")
+	case c.rounds <= 0:
+		return usagef("--rounds must be > 0")
 	case c.n <= 0:
 		return usagef("-n must be > 0")
 	case c.instances <= 0:
@@ -166,6 +188,8 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 		res, err = burndown(ctx, c, be, stdout)
 	case "continuous":
 		res, err = continuous(ctx, c, be, stdout)
+	case "appwrite":
+		res, err = appwrite(ctx, c, be.(*pgBenchBackend), stdout)
 	default:
 		res, err = idle(ctx, c, be, stdout)
 	}
