@@ -347,7 +347,7 @@ func TestPumpPG_TransactionalCompletion(t *testing.T) {
 	}
 }
 
-// TestPumpPG_SelfPollingHandsBackToSignals: with Claim.SelfPolling a burst
+// TestPumpPG_SelfPollingHandsBackToSignals: by default a burst
 // of one-item enqueue transactions is handled completely and in stream
 // order while the instance polls by itself (enqueues skip their NOTIFY);
 // once the burst is over the period ends, and a later enqueue is picked up
@@ -359,10 +359,6 @@ func TestPumpPG_SelfPollingHandsBackToSignals(t *testing.T) {
 	seen := map[string][]int{}
 	var handled atomic.Int32
 	opts := workpump.Options{ServiceName: "test", Logger: quietOptions().Logger}
-	opts.Claim.SelfPolling = true
-	// Any work begins a period: the burst's rate under -race on a loaded
-	// machine may stay below the default threshold (20 items in 50 ms).
-	opts.Claim.SelfPollMinItems = 1
 	p := startPG(t, c, opts, func(p *workpump.Pump) {
 		p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
 			var n int

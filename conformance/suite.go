@@ -98,6 +98,7 @@ func allCases() []testCase {
 		lockLossCases(),
 		deregisterCases(),
 		signalCases(),
+		wakeupCases(),
 		inspectorCases(),
 		purgeCases(),
 		concurrencyCases(),

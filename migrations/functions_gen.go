@@ -6,7 +6,7 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 7,
+	version: 8,
 	list: []InstalledFunction{
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
 		{Signature: "wp_channel(uuid)", Checksum: "be4f6d9974039587cc8205af6103bd0f"},
@@ -41,6 +41,6 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_stats(timestamp with time zone)", Checksum: "165e6abfb5d4f1b2c6de8cb98ae22dbd"},
 		{Signature: "wp_stats_leases(timestamp with time zone)", Checksum: "584cff9fbe9a521e5ae8556f5011b70f"},
 		{Signature: "wp_wake_lock_key(uuid, text)", Checksum: "f01f2e44bac6125738f6dd82c01eccd8"},
-		{Signature: "wp_wakeup_needed(uuid)", Checksum: "4fbd9672351b9ca0c02c02cf523c001c"},
+		{Signature: "wp_wakeup_needed(uuid)", Checksum: "3a98703ed8813c7d433c845b3bda834d"},
 	},
 }

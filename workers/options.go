@@ -15,7 +15,6 @@ const (
 	DefaultMaxStreamsPerBatch        = 1000
 	DefaultSelfPollInterval          = 2 * time.Millisecond
 	DefaultSelfPollLinger            = 50 * time.Millisecond
-	DefaultSelfPollMinItems          = 20
 	DefaultLease                     = 300 * time.Second
 
 	DefaultHeartbeatInterval     = 30 * time.Second
@@ -105,24 +104,22 @@ type ClaimOptions struct {
 	// ready (driver.SchemaChecker). By default the loop waits for the
 	// schema, retrying with backoff, and claims once it is ready.
 	FailOnSchemaNotReady bool
-	// SelfPolling (stores with driver.SelfPolling, i.e. Postgres; off by
-	// default): once claims returned SelfPollMinItems items (default 20)
-	// within the trailing SelfPollLinger (default 50 ms, so 400 items/s, or
-	// one batch of 20) while the gate is healthy, the loop polls by itself
-	// every SelfPollInterval (default 2 ms), and enqueues routed to it skip
-	// their NOTIFY, whose commits Postgres serializes through their WAL
-	// flush. When fewer than half that many came within the trailing
-	// SelfPollLinger, it ends the period with the store's hand-shake and
-	// waits for signals again. It raises the rate of one-item enqueue
-	// transactions a store can take where those NOTIFY commits are the
-	// limit; below the threshold nothing changes. A period keeps one pool
-	// connection (it holds the period's session lock). SelfPollMinItems 1
-	// begins a period at any work and ends it after SelfPollLinger without
-	// work.
-	SelfPolling      bool
-	SelfPollInterval time.Duration
-	SelfPollLinger   time.Duration
-	SelfPollMinItems int
+	// Self-polling (stores with driver.SelfPolling, i.e. Postgres; on by
+	// default). A Postgres transaction that NOTIFYs takes a database-wide
+	// lock before its commit and holds it through its WAL flush, so
+	// enqueue transactions that signal commit one at a time. Once claims
+	// found work twice within SelfPollLinger (default 50 ms) while the
+	// gate is healthy, the loop polls by itself every SelfPollInterval
+	// (default 2 ms) and enqueues routed to the instance skip their
+	// NOTIFY. After SelfPollLinger without work it ends the period with
+	// the store's hand-shake (no enqueue that skipped its signal can be
+	// missed) and waits for signals again. A period holds one extra
+	// session of the instance (see the driver's doc); the polls it adds
+	// find nothing to lock when there is no work, which is what an idle
+	// claim costs. DisableSelfPolling keeps every enqueue on signals.
+	DisableSelfPolling bool
+	SelfPollInterval   time.Duration
+	SelfPollLinger     time.Duration
 }
 
 // WithDefaults returns o with every zero field set to its default.
@@ -147,9 +144,6 @@ func (o ClaimOptions) WithDefaults() ClaimOptions {
 	}
 	if o.SelfPollLinger == 0 {
 		o.SelfPollLinger = DefaultSelfPollLinger
-	}
-	if o.SelfPollMinItems == 0 {
-		o.SelfPollMinItems = DefaultSelfPollMinItems
 	}
 	return o
 }
@@ -176,8 +170,6 @@ func (o ClaimOptions) Validate() error {
 		return optErr("SelfPollInterval", "%v, want > 0", o.SelfPollInterval)
 	case o.SelfPollLinger < o.SelfPollInterval:
 		return optErr("SelfPollLinger", "%v, want >= SelfPollInterval (%v)", o.SelfPollLinger, o.SelfPollInterval)
-	case o.SelfPollMinItems <= 0:
-		return optErr("SelfPollMinItems", "%d, want > 0", o.SelfPollMinItems)
 	}
 	return nil
 }

@@ -20,7 +20,6 @@ func TestWithDefaults(t *testing.T) {
 		// Beyond the basic contract (driver.SelfPolling stores only).
 		SelfPollInterval: 2 * time.Millisecond,
 		SelfPollLinger:   50 * time.Millisecond,
-		SelfPollMinItems: 20,
 	}); got != want {
 		t.Errorf("ClaimOptions defaults\n got  %+v\n want %+v", got, want)
 	}
@@ -98,7 +97,6 @@ func TestOptionValidationNamesTheField(t *testing.T) {
 
 		{"SelfPollInterval", ClaimOptions{SelfPollInterval: -time.Millisecond}},
 		{"SelfPollLinger", ClaimOptions{SelfPollLinger: time.Millisecond}},
-		{"SelfPollMinItems", ClaimOptions{SelfPollMinItems: -1}},
 		{"MaxBatch", RenewalOptions{MaxBatch: -1}},
 		{"CoalesceWindow", RenewalOptions{CoalesceWindow: -time.Millisecond}},
 		{"ImmediateFlushAt", RenewalOptions{ImmediateFlushAt: -1}},

@@ -31,8 +31,7 @@ type benchConfig struct {
 	rate                               int
 	duration, warmup                   time.Duration
 	asJSON, reset, asyncClaims         bool
-	selfPolling                        bool
-	selfPollMinItems                   int
+	noSelfPolling                      bool
 	selfPollInterval                   time.Duration
 	databaseURL, schema                string
 	cpuProfile                         string
@@ -46,7 +45,7 @@ type benchResult struct {
 	Instances          int     `json:"instances"`
 	Runs               int     `json:"runs,omitempty"` // set on the summary line of --repeat: the fields are medians
 	AsyncClaims        bool    `json:"async_claims,omitempty"`
-	SelfPolling        bool    `json:"self_polling,omitempty"`
+	NoSelfPolling      bool    `json:"no_self_polling,omitempty"`
 	Seconds            float64 `json:"seconds"`
 	ItemsPerSec        float64 `json:"items_per_sec"`
 	EnqueueItemsPerSec float64 `json:"enqueue_items_per_sec,omitempty"`
@@ -90,9 +89,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
-	fs.BoolVar(&c.selfPolling, "self-polling", false, "instances poll by themselves while work flows, and enqueues to them skip their NOTIFY (Claim.SelfPolling)")
-	fs.IntVar(&c.selfPollMinItems, "self-poll-min-items", 0, "with --self-polling: items claimed within 50 ms that begin a period (Claim.SelfPollMinItems; 0: the default, 20)")
-	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "with --self-polling: the claim cadence of a period (Claim.SelfPollInterval; 0: the default)")
+	fs.BoolVar(&c.noSelfPolling, "no-self-polling", false, "instances never poll by themselves: every enqueue NOTIFYs (Claim.DisableSelfPolling)")
+	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "the claim cadence of a self-polling period (Claim.SelfPollInterval; 0: the default)")
 	fs.IntVar(&c.repeat, "repeat", 1, "run the bench this many times, each on a fresh store, and end with the medians")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
@@ -196,7 +194,7 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 	if err != nil {
 		return benchResult{}, err
 	}
-	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.SelfPolling = c.mode, be.name(), c.instances, c.asyncClaims, c.selfPolling
+	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.NoSelfPolling = c.mode, be.name(), c.instances, c.asyncClaims, c.noSelfPolling
 	return res, nil
 }
 
@@ -272,7 +270,7 @@ func benchOptions(c benchConfig) workpump.Options {
 		ServiceName: "bench",
 		Concurrency: c.concurrency,
 		MaxInFlight: c.maxInFlight,
-		Claim:       workers.ClaimOptions{MaxStreamsPerBatch: c.batch, SelfPolling: c.selfPolling, SelfPollMinItems: c.selfPollMinItems},
+		Claim:       workers.ClaimOptions{MaxStreamsPerBatch: c.batch, DisableSelfPolling: c.noSelfPolling, SelfPollInterval: c.selfPollInterval},
 		Logger:      hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Error}),
 	}
 }

@@ -261,7 +261,7 @@ func (a *appwriteRun) startPumps(ctx context.Context, n int) (func(), error) {
 func appwriteOptions(c benchConfig) workpump.Options {
 	o := benchOptions(c)
 	return workpump.Options{ServiceName: o.ServiceName, Logger: o.Logger,
-		Claim: workers.ClaimOptions{SelfPolling: c.selfPolling, SelfPollMinItems: c.selfPollMinItems, SelfPollInterval: c.selfPollInterval}}
+		Claim: workers.ClaimOptions{DisableSelfPolling: c.noSelfPolling, SelfPollInterval: c.selfPollInterval}}
 }
 
 // completeInTx is a handler that writes its side effect and completes its

@@ -151,12 +151,12 @@ type statements struct {
 	getWork, listInstances, listDead, streamOwner  string
 	stats, statsLeases, deadCount, version, counts string
 	functions                                      string // migrations.FunctionsSQL
-	pollBegin, pollStop, pollSettle                string
 	copyInto                                       copyStatements
 	gated                                          claimTexts // nil: claims use claim
 
-	// The listener session's texts, always with $n placeholders.
-	tryLock, unlock string
+	// The listener and poll sessions' texts, always with $n placeholders.
+	tryLock, unlock                 string
+	pollBegin, pollStop, pollSettle string
 }
 
 func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) statements {
@@ -164,7 +164,7 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 	ack, claim := commitModes(syncAcks, asyncClaims)
 	s := `"` + schema + `"`
 	key := func(lock string) string {
-		return s + `.wp_wake_lock_key(` + ph(1) + `::uuid, '` + lock + `')`
+		return s + `.wp_wake_lock_key($1::uuid, '` + lock + `')`
 	}
 	st := statements{
 		enqueue:        callEnqueue.sql(schema, ph),

@@ -110,6 +110,11 @@ type subscription struct {
 	inUse     error  // the first connection found the alive-lock taken (Listen fails)
 	pid       uint32 // backend pid of the current connection, 0 when none
 
+	// The poll session (see BeginSelfPolling): nil until the first period.
+	poll     Session
+	pollPID  uint32
+	pollBusy bool // a period holds poll
+
 	cancel    context.CancelFunc
 	done      chan struct{}
 	stopAfter func() bool
@@ -166,6 +171,7 @@ func (s *subscription) Close() error {
 		s.cancel()
 	}
 	<-s.done
+	s.closePollSession()
 	s.c.mu.Lock()
 	list := s.c.subs[s.id]
 	for i, x := range list {
@@ -407,17 +413,24 @@ func (s *subscription) deliver(payload string) {
 }
 
 // crashListeners makes instanceID's subscriptions behave like the listener
-// of a crashed process: their sessions are terminated (releasing the
-// alive-lock; pg_terminate_backend waits for the backend to exit) and they
-// never reconnect. Fault injection for tests, reached through internal/pgfault.
+// of a crashed process: their sessions, poll sessions included, are
+// terminated (releasing the alive-lock and any polling lock;
+// pg_terminate_backend waits for the backend to exit) and they never
+// reconnect. It returns the number of listener sessions it ended. Fault
+// injection for tests, reached through internal/pgfault.
 func (c *Core) crashListeners(ctx context.Context, instanceID uuid.UUID) (int, error) {
 	c.mu.Lock()
 	var pids []uint32
+	listeners := 0
 	for _, s := range c.subs[instanceID] {
 		s.mu.Lock()
 		s.crashed = true
 		if s.pid != 0 {
 			pids = append(pids, s.pid)
+			listeners++
+		}
+		if s.pollPID != 0 {
+			pids = append(pids, s.pollPID)
 		}
 		s.mu.Unlock()
 	}
@@ -427,7 +440,7 @@ func (c *Core) crashListeners(ctx context.Context, instanceID uuid.UUID) (int, e
 			return 0, err
 		}
 	}
-	return len(pids), nil
+	return listeners, nil
 }
 
 // listenerPIDs returns the backend pids of instanceID's live listener

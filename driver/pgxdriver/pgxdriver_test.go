@@ -1018,7 +1018,7 @@ func TestEnqueuePrepareRejectsBadArguments(t *testing.T) {
 // it send no NOTIFY; after Stop, Settled stays false while an enqueue that
 // skipped its NOTIFY is open and turns true once it committed, and from
 // Stop on, enqueues notify again. Close releases the locks (a new period can
-// begin) and returns the connection.
+// begin) and hands the poll session back.
 func TestSelfPollingHandshake(t *testing.T) {
 	c, a, sub := listening(t)
 	ctx := context.Background()
@@ -1035,7 +1035,7 @@ func TestSelfPollingHandshake(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("BeginSelfPolling = %v, %v", ok, err)
 	}
-	t.Cleanup(func() { _ = sp.Close() }) // a period holds a pool connection until closed
+	t.Cleanup(func() { _ = sp.Close() }) // a period holds the poll session until closed
 	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("")}); err != nil {
 		t.Fatal(err)
 	}

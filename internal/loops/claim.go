@@ -156,8 +156,9 @@ type ClaimWorker struct {
 	// reconnected is set by a reconnect; the loop consumes it.
 	reconnected bool
 
-	// self is the self-polling state; nil unless Options.SelfPolling is on,
-	// the store has driver.SelfPolling, and there is a listener.
+	// self is the self-polling state; set when the store has
+	// driver.SelfPolling, there is a listener, and Options.DisableSelfPolling
+	// is not set.
 	self *selfPoller
 
 	polls, empty, errs, batches, items, startups, reconnects atomic.Uint64
@@ -206,9 +207,8 @@ func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
 		wake:      make(chan struct{}, 1),
 	}
 	w.schema, _ = cfg.Coordinator.(driver.SchemaChecker)
-	if store, ok := cfg.Coordinator.(driver.SelfPolling); ok && cfg.Signals != nil && opts.SelfPolling {
+	if store, ok := cfg.Coordinator.(driver.SelfPolling); ok && cfg.Signals != nil && !opts.DisableSelfPolling {
 		w.self = &selfPoller{store: store, id: cfg.InstanceID, interval: opts.SelfPollInterval, linger: opts.SelfPollLinger,
-			minItems: opts.SelfPollMinItems,
 			fallback: opts.PollInterval, logger: w.logger}
 	}
 	return w, nil

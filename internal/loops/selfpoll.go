@@ -12,20 +12,23 @@ import (
 )
 
 // selfPoller is the claim loop's self-polling state (driver.SelfPolling).
-// Off, it waits for signals as usual. Once claims have returned at least
-// minItems items within the trailing linger while the gate is up, it begins
-// a period: the loop then claims every interval, and enqueues routed to the
-// instance skip their NOTIFY. When fewer than half as many (at least one)
-// came within the trailing linger, the period ends with the store's
-// hand-shake: Stop, Settled until no enqueue that skipped its signal is
-// open (polling meanwhile), one last claim, Close. With minItems 1 that is
-// "any work begins a period, linger without work ends it".
+// Off, it waits for signals as usual. Once claims returned work at least
+// selfPollBeginItems times' worth of items within the trailing linger while
+// the gate is up, it begins a period: the loop then claims every interval,
+// and enqueues routed to the instance skip their NOTIFY. After a linger
+// without work the period ends with the store's hand-shake: Stop, Settled
+// until no enqueue that skipped its signal is open (polling meanwhile), one
+// last claim, Close.
+//
+// The threshold is two items, not one: a lone item after a quiet spell is
+// served by its signal and costs no period, while any flow of work (even
+// one the NOTIFY commits throttle, which is the flow a period relieves)
+// reaches two items within a linger.
 type selfPoller struct {
 	store    driver.SelfPolling
 	id       uuid.UUID
 	interval time.Duration
 	linger   time.Duration
-	minItems int           // items within linger that begin a period
 	fallback time.Duration // the wait after a failed hand-shake step
 	logger   hclog.Logger
 
@@ -66,9 +69,9 @@ func (m *workMarks) add(now time.Time, n int, window time.Duration) int {
 	return m.sum
 }
 
-// endBelow is the item count within linger under which a period ends: half
-// the count that begins one, and at least 1 (no work at all).
-func (p *selfPoller) endBelow() int { return max(1, p.minItems/2) }
+// selfPollBeginItems is the item count within the trailing linger that
+// begins a period.
+const selfPollBeginItems = 2
 
 type selfPhase int
 
@@ -86,7 +89,7 @@ func (p *selfPoller) after(ctx context.Context, items int, failed, gateUp bool) 
 	recent := p.recent.add(time.Now(), items, p.linger)
 	switch p.phase {
 	case selfOff:
-		if items == 0 || !gateUp || recent < p.minItems {
+		if items == 0 || !gateUp || recent < selfPollBeginItems {
 			return 0, false
 		}
 		sp, ok, err := p.store.BeginSelfPolling(ctx, p.id)
@@ -101,7 +104,7 @@ func (p *selfPoller) after(ctx context.Context, items int, failed, gateUp bool) 
 		p.periods.Add(1)
 		return p.interval, true
 	case selfOn:
-		if recent >= p.endBelow() {
+		if recent > 0 {
 			return p.interval, true
 		}
 		if err := p.sp.Stop(ctx); err != nil {

@@ -10,12 +10,12 @@ import (
 	"github.com/workpump/workpump/workers"
 )
 
-// oneItemFirst returns one item on the first claim (and on the claims
-// listed in more), nothing on the others.
-func oneItemFirst(more ...int) func(int, driver.ClaimRequest) (driver.ClaimResult, error) {
+// twoItemsFirst returns two items on the first claim, enough to begin a
+// period, one on the claims listed in more, nothing on the others.
+func twoItemsFirst(more ...int) func(int, driver.ClaimRequest) (driver.ClaimResult, error) {
 	return func(n int, _ driver.ClaimRequest) (driver.ClaimResult, error) {
 		if n == 1 {
-			return driver.ClaimResult{Work: []driver.Work{wk(driver.Outbox)}}, nil
+			return driver.ClaimResult{Work: []driver.Work{wk(driver.Outbox), wk(driver.Outbox)}}, nil
 		}
 		for _, m := range more {
 			if n == m {
@@ -35,17 +35,17 @@ func steps(from, to, step time.Duration) []time.Duration {
 	return out
 }
 
-// TestSelfPollingPeriod: with SelfPollMinItems 1, a claim that finds work
-// with the gate up begins a period; the worker then claims every SelfPollInterval (2 ms); SelfPollLinger
+// TestSelfPollingPeriod: by default, a claim that finds two items with the
+// gate up begins a period; the worker then claims every SelfPollInterval (2 ms); SelfPollLinger
 // (50 ms) after the last work it stops, polls on while Settled says an
 // enqueue that skipped its signal is open, claims once more the moment it
 // settled, closes the period, and waits as usual again (here the backoff
 // after 27 empty polls: the 10 s cap).
 func TestSelfPollingPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
 			settled: func(n int) (bool, error) { return n >= 3, nil }}
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(11))
 		stop(t, r.w)
@@ -66,8 +66,8 @@ func TestSelfPollingPeriod(t *testing.T) {
 func TestSelfPollingLingerCountsFromTheLastWork(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Claims 1 (at 0 ms) and 6 (at 10 ms) find work.
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst(6)}}
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst(6)}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(1))
 		stop(t, r.w)
@@ -82,9 +82,9 @@ func TestSelfPollingLingerCountsFromTheLastWork(t *testing.T) {
 // claim that found work (signals do not flow anyway: tight base polling).
 func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
 			begin: func(int) (bool, error) { return false, nil }}
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(6))
 		stop(t, r.w)
@@ -92,8 +92,8 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
 	})
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(false), nil)
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(false), nil)
 		r.start()
 		time.Sleep(ms(600))
 		stop(t, r.w)
@@ -109,9 +109,9 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 // skipped its signal), then the usual waits.
 func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()},
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
 			settled: func(int) (bool, error) { return false, errors.New("connection reset") }}
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(11))
 		stop(t, r.w)
@@ -124,8 +124,8 @@ func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 // TestSelfPollingClosedOnStop: stopping the worker mid-period closes it.
 func TestSelfPollingClosedOnStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(ms(11))
 		stop(t, r.w)
@@ -136,12 +136,12 @@ func TestSelfPollingClosedOnStop(t *testing.T) {
 	})
 }
 
-// TestSelfPollingOffByDefault: without Options.SelfPolling the worker stays
-// on signals.
-func TestSelfPollingOffByDefault(t *testing.T) {
+// TestSelfPollingOffWhenDisabled: with Options.DisableSelfPolling the
+// worker stays on signals.
+func TestSelfPollingOffWhenDisabled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: oneItemFirst()}}
-		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{DisableSelfPolling: true}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(6))
 		stop(t, r.w)
@@ -157,7 +157,7 @@ func TestSelfPollingOffByDefault(t *testing.T) {
 // retried a poll interval later before the period closes.
 func TestSelfPollingLastClaimRetriedAfterAFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		first := oneItemFirst()
+		first := twoItemsFirst()
 		// Claims 1..26 run at 0, 2, ..., 50 ms (the 26th stops and settles);
 		// the 27th, the last one, fails.
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
@@ -166,7 +166,7 @@ func TestSelfPollingLastClaimRetriedAfterAFailure(t *testing.T) {
 			}
 			return first(n, req)
 		}}}
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true, SelfPollMinItems: 1}, newFakeSub(true), nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(1))
 		stop(t, r.w)
@@ -190,30 +190,41 @@ func items(counts ...int) func(int, driver.ClaimRequest) (driver.ClaimResult, er
 	}
 }
 
-// TestSelfPollingBeginsAtMinItems: by default a period begins only once
-// claims returned 20 items within the trailing 50 ms, so isolated items
-// stay on signals. Here signals bring claims at 0, 10, 20 and 30 ms with 5
-// items each: the 4th reaches 20 and begins the period. Signals 60 ms apart
-// with 19 items each never do.
-func TestSelfPollingBeginsAtMinItems(t *testing.T) {
+// TestSelfPollingBeginsAtTheSecondItem: a lone item after a quiet spell is
+// served by its signal and begins no period (the next claim is the safety
+// net's, 5 s later); a second item within the trailing 50 ms begins one.
+// Here signals bring claims at 0 and 30 ms with one item each: the second
+// begins the period, and the loop claims every 2 ms from there. Items 60
+// ms apart never do.
+func TestSelfPollingBeginsAtTheSecondItem(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(5, 5, 5, 5)}}
-		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true}, sub, nil)
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(1)}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
-		for range 3 {
-			time.Sleep(ms(10))
-			sub.send(driver.SignalWork)
+		time.Sleep(sec(6))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, sec(5)})
+		if n := len(coord.of("begin")); n != 0 {
+			t.Fatalf("%d begin calls for a lone item", n)
 		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(1, 1)}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
+		r.start()
+		time.Sleep(ms(30))
+		sub.send(driver.SignalWork)
 		time.Sleep(ms(200))
 		stop(t, r.w)
 		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{ms(30)})
-		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, ms(10), ms(20), ms(30), ms(32)})
+		eqDurations(t, "claims", r.claims()[:4], []time.Duration{0, ms(30), ms(32), ms(34)})
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(80)})
 	})
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(19, 19, 19, 19)}}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(1, 1, 1, 1)}}
 		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true}, sub, nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
 		r.start()
 		for range 3 {
 			time.Sleep(ms(60))
@@ -223,28 +234,7 @@ func TestSelfPollingBeginsAtMinItems(t *testing.T) {
 		stop(t, r.w)
 		eqDurations(t, "claims", r.claims(), []time.Duration{0, ms(60), ms(120), ms(180)})
 		if n := len(coord.of("begin")); n != 0 {
-			t.Fatalf("%d begin calls below SelfPollMinItems", n)
+			t.Fatalf("%d begin calls for items a linger apart", n)
 		}
-	})
-}
-
-// TestSelfPollingEndsBelowHalfMinItems: a period ends at the first claim
-// that sees fewer than SelfPollMinItems/2 items within the trailing linger.
-// Claim 1 (0 ms) brings 20 and begins it; the claims at 2, 4, ..., 40 ms
-// bring 1 item each. The claim at 70 ms still sees 10 (22..40 ms), the one
-// at 72 ms 9: it ends the period.
-func TestSelfPollingEndsBelowHalfMinItems(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		counts := []int{20}
-		for range 20 { // claims 2..21 at 2..40 ms
-			counts = append(counts, 1)
-		}
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(counts...)}}
-		r := newClaimRig(t, coord, workers.ClaimOptions{SelfPolling: true}, newFakeSub(true), nil)
-		r.start()
-		time.Sleep(sec(1))
-		stop(t, r.w)
-		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
-		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(72)})
 	})
 }
