@@ -28,6 +28,7 @@ func ExampleRender() {
 	// 0005_partition_count: creates wp_ objects in "shop": true
 	// 0006_lease_fences: creates wp_ objects in "shop": true
 	// 0007_named_parts: creates wp_ objects in "shop": true
+	// 0008_wakeup_pauses: creates wp_ objects in "shop": true
 	// true
 }
 
