@@ -90,10 +90,17 @@ type Subscription interface {
 // self-polls, enqueues routed to it send no signal, so the instance must
 // poll by itself until it has ended self-polling with the hand-shake below;
 // enqueues that skipped their signal are then visible to its last claim.
+//
+// The wake-up guarantee (conformance's Wakeups/ cases): every enqueue
+// routed to the instance either signals it or has committed or rolled
+// back by the time Settled first reports true, whatever the interleaving
+// of its decision with Stop, Settled and Close.
 type SelfPolling interface {
 	// BeginSelfPolling starts a self-polling period for instanceID. ok is
 	// false when it cannot start now (an enqueue is deciding at this very
-	// moment); signals simply continue, and the caller may try again later.
+	// moment, a period of the instance is open, or the instance has no
+	// listener); signals simply continue, and the caller may try again
+	// later.
 	BeginSelfPolling(ctx context.Context, instanceID uuid.UUID) (sp SelfPoll, ok bool, err error)
 }
 

@@ -241,6 +241,26 @@ func TestCLI_PostgresCommands(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("bench on Postgres: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	r = runCLI(t, env, "bench", "--schema", schema, "--mode", "appwrite", "--rounds", "2", "--duration", "300ms", "--writers", "2", "--json")
+	if r.code != 0 {
+		t.Fatalf("bench --mode appwrite: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var aw benchResult
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &aw); err != nil {
+		t.Fatalf("appwrite: last line is not JSON: %q: %v", lines[len(lines)-1], err)
+	}
+	if aw.NoPumpTxPerSec <= 0 || aw.PumpTxPerSec <= 0 || aw.Ratio <= 0 || len(aw.Phases) != 4 {
+		t.Fatalf("appwrite JSON = %+v, want both rates, their ratio and 4 phases", aw)
+	}
+	for i, ph := range aw.Phases {
+		if ph.Round != i/2+1 || ph.Commits <= 0 {
+			t.Fatalf("appwrite phase %d = %+v", i, ph)
+		}
+	}
+	if aw.Phases[0].Pumps+aw.Phases[1].Pumps != 1 || aw.Phases[0].Pumps == aw.Phases[2].Pumps {
+		t.Fatalf("appwrite phases %+v: each round has one phase with the pump and one without, the order alternating", aw.Phases)
+	}
 	r = runCLI(t, env, "migrate", "down", "--schema", schema)
 	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 0001_") {
 		t.Fatalf("migrate down: exit %d\n%s%s", r.code, r.stdout, r.stderr)

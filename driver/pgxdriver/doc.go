@@ -11,7 +11,9 @@
 // EnqueueTx writes work inside the caller's pgx.Tx (the transactional
 // outbox), with COPY for large batches; CompleteTx and CompleteDeliveryTx
 // complete work inside it. Listener sessions are opened with
-// pgx.ConnectConfig from the pool's configuration, never from the pool.
+// pgx.ConnectConfig from the pool's configuration, never from the pool:
+// each instance has its listener and, once it has self-polled, its poll
+// session, which holds the advisory locks of its self-polling periods.
 // SessionDialer, ConnStringDialer, StdlibDialer and StdlibCopy give the
 // database/sql adapters the same sessions and COPY on pgx's stdlib driver.
 //
