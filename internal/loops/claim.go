@@ -208,8 +208,7 @@ func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
 	}
 	w.schema, _ = cfg.Coordinator.(driver.SchemaChecker)
 	if store, ok := cfg.Coordinator.(driver.SelfPolling); ok && cfg.Signals != nil && !opts.DisableSelfPolling {
-		w.self = &selfPoller{store: store, id: cfg.InstanceID, interval: opts.SelfPollInterval, linger: opts.SelfPollLinger,
-			fallback: opts.PollInterval, logger: w.logger}
+		w.self = newSelfPoller(store, cfg.InstanceID, opts.SelfPollInterval, opts.SelfPollLinger, opts.PollInterval, w.logger)
 	}
 	return w, nil
 }

@@ -12,30 +12,44 @@ import (
 )
 
 // selfPoller is the claim loop's self-polling state (driver.SelfPolling).
-// Off, it waits for signals as usual. Once claims returned work at least
-// selfPollBeginItems times' worth of items within the trailing linger while
-// the gate is up, it begins a period: the loop then claims every interval,
-// and enqueues routed to the instance skip their NOTIFY. After a linger
-// without work the period ends with the store's hand-shake: Stop, Settled
-// until no enqueue that skipped its signal is open (polling meanwhile), one
-// last claim, Close.
+// Off, it waits for signals as usual. Once claims returned at least
+// selfPollBeginItems items within the trailing linger while the gate is
+// up, it begins a period: the loop then claims every interval, and
+// enqueues routed to the instance skip their NOTIFY. After a linger without
+// work the period ends with the store's hand-shake: Stop, Settled until no
+// enqueue that skipped its signal is open (polling meanwhile, the wait
+// doubling from interval up to linger), one last claim, Close.
 //
 // The threshold is two items, not one: a lone item after a quiet spell is
 // served by its signal and costs no period, while any flow of work (even
 // one the NOTIFY commits throttle, which is the flow a period relieves)
 // reaches two items within a linger.
+//
+// An enqueue that skipped its signal holds its share of the hand-shake in
+// its own transaction, so a hand-shake that did not finish can be finished
+// by any later period of the instance: the worker begins one at its first
+// chance after it starts (a previous process under the same id may have
+// stopped mid-period with such enqueues still open), and at once after a
+// hand-shake step failed (the session holding the period died).
 type selfPoller struct {
 	store    driver.SelfPolling
 	id       uuid.UUID
 	interval time.Duration
 	linger   time.Duration
-	fallback time.Duration // the wait after a failed hand-shake step
+	fallback time.Duration // the wait when no period can take over a failed one
 	logger   hclog.Logger
 
 	sp      driver.SelfPoll
 	phase   selfPhase
 	recent  workMarks
+	pending bool          // a period must begin at the next chance, work or not
+	aborted int           // periods in a row that ended on a failed step
+	settle  time.Duration // the last wait for Settled
 	periods atomic.Uint64
+}
+
+func newSelfPoller(store driver.SelfPolling, id uuid.UUID, interval, linger, fallback time.Duration, logger hclog.Logger) *selfPoller {
+	return &selfPoller{store: store, id: id, interval: interval, linger: linger, fallback: fallback, logger: logger, pending: true}
 }
 
 // workMarks are the claims that returned work within the trailing linger,
@@ -89,31 +103,24 @@ func (p *selfPoller) after(ctx context.Context, items int, failed, gateUp bool) 
 	recent := p.recent.add(time.Now(), items, p.linger)
 	switch p.phase {
 	case selfOff:
-		if items == 0 || !gateUp || recent < selfPollBeginItems {
+		if !gateUp || (!p.pending && recent < selfPollBeginItems) {
 			return 0, false
 		}
-		sp, ok, err := p.store.BeginSelfPolling(ctx, p.id)
-		if err != nil {
-			p.logger.Warn("could not begin self-polling; staying on signals", "error", err)
+		if !p.begin(ctx) {
 			return 0, false
 		}
-		if !ok {
-			return 0, false
-		}
-		p.sp, p.phase = sp, selfOn
-		p.periods.Add(1)
 		return p.interval, true
 	case selfOn:
 		if recent > 0 {
 			return p.interval, true
 		}
 		if err := p.sp.Stop(ctx); err != nil {
-			return p.abort(err)
+			return p.abort(ctx, err)
 		}
-		p.phase = selfEnding
-		return p.settle(ctx)
+		p.phase, p.settle = selfEnding, 0
+		return p.settled(ctx)
 	case selfEnding:
-		return p.settle(ctx)
+		return p.settled(ctx)
 	default: // selfLastCall: that claim was the period's last
 		if failed {
 			// It may not have seen an enqueue that skipped its signal:
@@ -121,28 +128,54 @@ func (p *selfPoller) after(ctx context.Context, items int, failed, gateUp bool) 
 			return p.interval, true
 		}
 		p.close()
+		p.aborted = 0
 		return 0, false
 	}
 }
 
-func (p *selfPoller) settle(ctx context.Context) (time.Duration, bool) {
+// begin starts a period; false when the store refused or failed.
+func (p *selfPoller) begin(ctx context.Context) bool {
+	sp, ok, err := p.store.BeginSelfPolling(ctx, p.id)
+	if err != nil {
+		p.logger.Warn("could not begin self-polling; staying on signals", "error", err)
+		return false
+	}
+	if !ok {
+		return false
+	}
+	p.sp, p.phase, p.pending = sp, selfOn, false
+	p.periods.Add(1)
+	return true
+}
+
+func (p *selfPoller) settled(ctx context.Context) (time.Duration, bool) {
 	done, err := p.sp.Settled(ctx)
 	if err != nil {
-		return p.abort(err)
+		return p.abort(ctx, err)
 	}
 	if !done {
-		return p.interval, true
+		// An enqueue that skipped its signal is still open; enqueues
+		// signal again meanwhile, so only its commit is waited for.
+		p.settle = min(max(2*p.settle, p.interval), p.linger)
+		return p.settle, true
 	}
 	p.phase = selfLastCall
 	return 0, true
 }
 
-// abort ends the period after a failed hand-shake step. An enqueue may have
-// skipped its signal, so the next claim comes after the tight base, and the
-// safety-net polls cover a skipped enqueue that commits later.
-func (p *selfPoller) abort(err error) (time.Duration, bool) {
-	p.logger.Warn("self-polling hand-shake failed; back on signals", "error", err)
+// abort ends a period after a failed hand-shake step. Enqueues that
+// skipped their signal may still be open; a new period, on a new session,
+// takes over their hand-shake (it ends at once unless work comes). When
+// that one fails too, or none can begin, the next claim comes after the
+// tight base and the safety-net polls cover what is left: the store is
+// failing, and its listener is likely down as well.
+func (p *selfPoller) abort(ctx context.Context, err error) (time.Duration, bool) {
+	p.logger.Warn("self-polling hand-shake failed", "error", err)
 	p.close()
+	p.aborted++
+	if p.aborted == 1 && ctx.Err() == nil && p.begin(ctx) {
+		return p.interval, true
+	}
 	return p.fallback, true
 }
 

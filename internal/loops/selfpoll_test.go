@@ -2,6 +2,7 @@ package loops
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -38,9 +39,9 @@ func steps(from, to, step time.Duration) []time.Duration {
 // TestSelfPollingPeriod: by default, a claim that finds two items with the
 // gate up begins a period; the worker then claims every SelfPollInterval (2 ms); SelfPollLinger
 // (50 ms) after the last work it stops, polls on while Settled says an
-// enqueue that skipped its signal is open, claims once more the moment it
-// settled, closes the period, and waits as usual again (here the backoff
-// after 27 empty polls: the 10 s cap).
+// enqueue that skipped its signal is open (the wait doubling: 2 ms, 4 ms),
+// claims once more the moment it settled, closes the period, and waits as
+// usual again (here the backoff after 27 empty polls: the 10 s cap).
 func TestSelfPollingPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
@@ -49,12 +50,12 @@ func TestSelfPollingPeriod(t *testing.T) {
 		r.start()
 		time.Sleep(sec(11))
 		stop(t, r.w)
-		want := append(steps(0, ms(54), ms(2)), ms(54), ms(10054))
+		want := append(steps(0, ms(52), ms(2)), ms(56), ms(56), ms(10056))
 		eqDurations(t, "claims", r.claims(), want)
 		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
 		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(50)})
-		eqDurations(t, "settled", coord.offsets("settled", r.t0), []time.Duration{ms(50), ms(52), ms(54)})
-		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(54)})
+		eqDurations(t, "settled", coord.offsets("settled", r.t0), []time.Duration{ms(50), ms(52), ms(56)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(56)})
 		if st := r.w.Stats(); st.SelfPollPeriods != 1 {
 			t.Fatalf("stats %+v, want one self-polling period", st)
 		}
@@ -78,8 +79,9 @@ func TestSelfPollingLingerCountsFromTheLastWork(t *testing.T) {
 }
 
 // TestSelfPollingNotWhenRefusedOrGateDown: no period when the store refuses
-// to begin one (the usual waits follow) or when the gate is down at the
-// claim that found work (signals do not flow anyway: tight base polling).
+// to begin one (the usual waits follow, and each claim asks again) or when
+// the gate is down at the claim that found work (signals do not flow
+// anyway: tight base polling).
 func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
@@ -89,7 +91,7 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 		time.Sleep(sec(6))
 		stop(t, r.w)
 		eqDurations(t, "claims", r.claims(), []time.Duration{0, sec(5)})
-		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, sec(5)})
 	})
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()}}
@@ -105,8 +107,9 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 }
 
 // TestSelfPollingHandshakeFailureFallsBack: a failed Settled closes the
-// period and the next claim comes after the tight base (an enqueue may have
-// skipped its signal), then the usual waits.
+// period and a new one takes its hand-shake over at once (an enqueue that
+// skipped its signal may still be open). When that one fails too, the next
+// claim comes after the tight base (250 ms), then the usual waits.
 func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
@@ -115,9 +118,63 @@ func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 		r.start()
 		time.Sleep(sec(11))
 		stop(t, r.w)
-		want := append(steps(0, ms(50), ms(2)), ms(300), ms(10300))
+		want := append(steps(0, ms(52), ms(2)), ms(302), ms(10302))
 		eqDurations(t, "claims", r.claims(), want)
-		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50)})
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50)})
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(50), ms(52)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(52)})
+	})
+}
+
+// TestSelfPollingTakeoverFinishesTheHandshake: after the session of a
+// period failed at Settled, the period that takes over stops, polls while
+// Settled reports an open enqueue that skipped its signal, claims once more
+// and hands back to signals.
+func TestSelfPollingTakeoverFinishesTheHandshake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
+			settled: func(n int) (bool, error) {
+				switch {
+				case n == 1:
+					return false, errors.New("connection reset")
+				case n == 2:
+					return false, nil
+				}
+				return true, nil
+			}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(11))
+		stop(t, r.w)
+		want := append(steps(0, ms(54), ms(2)), ms(54), ms(10054))
+		eqDurations(t, "claims", r.claims(), want)
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50)})
+		eqDurations(t, "settled", coord.offsets("settled", r.t0), []time.Duration{ms(50), ms(52), ms(54)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(54)})
+	})
+}
+
+// TestSelfPollingStartsWithAPeriod: a worker begins a period at its first
+// claim, work or not, so a hand-shake that a previous process under the
+// same id left open (it stopped mid-period while an enqueue that skipped
+// its signal was open) is finished. With no work the period stops at the
+// next claim; here Settled reports that enqueue open until 30 ms, and the
+// last claim follows.
+func TestSelfPollingStartsWithAPeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items()},
+			settled: func(int) (bool, error) { return time.Since(t0) >= ms(30), nil }}
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(sec(1))
+		stop(t, r.w)
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(2)})
+		// Waits of 2, 4, 8 and 16 ms.
+		eqDurations(t, "settled", coord.offsets("settled", r.t0), []time.Duration{ms(2), ms(4), ms(8), ms(16), ms(32)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(32)})
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, ms(2), ms(4), ms(8), ms(16), ms(32), ms(32)})
 	})
 }
 
@@ -190,51 +247,78 @@ func items(counts ...int) func(int, driver.ClaimRequest) (driver.ClaimResult, er
 	}
 }
 
-// TestSelfPollingBeginsAtTheSecondItem: a lone item after a quiet spell is
-// served by its signal and begins no period (the next claim is the safety
-// net's, 5 s later); a second item within the trailing 50 ms begins one.
-// Here signals bring claims at 0 and 30 ms with one item each: the second
-// begins the period, and the loop claims every 2 ms from there. Items 60
-// ms apart never do.
+// feed hands out the items put into it to the next claim.
+type feed struct {
+	mu    sync.Mutex
+	items int
+}
+
+func (f *feed) put(n int) {
+	f.mu.Lock()
+	f.items += n
+	f.mu.Unlock()
+}
+
+func (f *feed) claim(int, driver.ClaimRequest) (driver.ClaimResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var res driver.ClaimResult
+	for range f.items {
+		res.Work = append(res.Work, wk(driver.Outbox))
+	}
+	f.items = 0
+	return res, nil
+}
+
+// TestSelfPollingBeginsAtTheSecondItem: after the start-up period (claims
+// at 0, 2 and 2 ms), a lone item is served by its signal and begins no period (the next
+// claim is the safety net's, 5 s later); a second item within the trailing
+// 50 ms begins one. Items 60 ms apart never do.
 func TestSelfPollingBeginsAtTheSecondItem(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(1)}}
-		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
-		r.start()
-		time.Sleep(sec(6))
-		stop(t, r.w)
-		eqDurations(t, "claims", r.claims(), []time.Duration{0, sec(5)})
-		if n := len(coord.of("begin")); n != 0 {
-			t.Fatalf("%d begin calls for a lone item", n)
-		}
-	})
-	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(1, 1)}}
-		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
-		r.start()
-		time.Sleep(ms(30))
-		sub.send(driver.SignalWork)
-		time.Sleep(ms(200))
-		stop(t, r.w)
-		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{ms(30)})
-		eqDurations(t, "claims", r.claims()[:4], []time.Duration{0, ms(30), ms(32), ms(34)})
-		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(80)})
-	})
-	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: items(1, 1, 1, 1)}}
-		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
-		r.start()
-		for range 3 {
-			time.Sleep(ms(60))
+	arrive := func(t *testing.T, f *feed, sub *fakeSub, at ...time.Duration) time.Time {
+		t0 := time.Now()
+		for _, d := range at {
+			time.Sleep(d - time.Since(t0))
+			f.put(1)
 			sub.send(driver.SignalWork)
 		}
+		return t0
+	}
+	synctest.Test(t, func(t *testing.T) {
+		f := &feed{}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: f.claim}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
+		r.start()
+		arrive(t, f, sub, sec(1))
+		time.Sleep(sec(6))
+		stop(t, r.w)
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+		eqDurations(t, "claims after the start-up period", r.claims()[3:], []time.Duration{sec(1), sec(6)})
+	})
+	synctest.Test(t, func(t *testing.T) {
+		f := &feed{}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: f.claim}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
+		r.start()
+		arrive(t, f, sub, sec(1), sec(1)+ms(30))
+		time.Sleep(ms(200))
+		stop(t, r.w)
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, sec(1) + ms(30)})
+		eqDurations(t, "claims after the start-up period", r.claims()[3:7], []time.Duration{sec(1), sec(1) + ms(30), sec(1) + ms(32), sec(1) + ms(34)})
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(2), sec(1) + ms(80)})
+	})
+	synctest.Test(t, func(t *testing.T) {
+		f := &feed{}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: f.claim}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
+		r.start()
+		arrive(t, f, sub, sec(1), sec(1)+ms(60), sec(1)+ms(120), sec(1)+ms(180))
 		time.Sleep(ms(100))
 		stop(t, r.w)
-		eqDurations(t, "claims", r.claims(), []time.Duration{0, ms(60), ms(120), ms(180)})
-		if n := len(coord.of("begin")); n != 0 {
-			t.Fatalf("%d begin calls for items a linger apart", n)
-		}
+		eqDurations(t, "claims after the start-up period", r.claims()[3:], []time.Duration{sec(1), sec(1) + ms(60), sec(1) + ms(120), sec(1) + ms(180)})
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
 	})
 }

@@ -1,10 +1,10 @@
 package workpump_test
 
-// Attacks on self-polling (driver.SelfPolling, on by default) from the
+// Self-polling (driver.SelfPolling, on by default) under faults, from the
 // public API: Postgres-backed pumps with the default claim options, so an
-// item whose wake-up was lost waits for the 5 s safety-net poll. A pickup
-// slower than attackLate while the listener is up counts as a lost or late
-// wake-up.
+// item whose wake-up was lost waits for the safety-net poll (5 to 10 s). A
+// pickup slower than lateWakeup while the listener is up counts as a lost
+// or late wake-up.
 
 import (
 	"context"
@@ -27,9 +27,9 @@ import (
 	"github.com/workpump/workpump/internal/pgtest"
 )
 
-// attackLate is the pickup time past which a wake-up counts as lost: the
+// lateWakeup is the pickup time past which a wake-up counts as lost: the
 // listener is up, so only the safety-net poll (5 s) would find the item.
-const attackLate = time.Second
+const lateWakeup = time.Second
 
 // attackPool is a pool of its own (the shared test pool is small and other
 // tests use it), closed when the test ends.
@@ -305,7 +305,7 @@ func expectPrompt(t *testing.T, c *pgxdriver.Coordinator, pk *pickups, what stri
 	if !ok {
 		t.Fatalf("%s: lone item not handled within 8 s", what)
 	}
-	if d > attackLate {
+	if d > lateWakeup {
 		t.Fatalf("%s: lone item picked up after %v: its wake-up was lost (the safety-net poll found it)", what, d)
 	}
 }
@@ -314,7 +314,7 @@ func expectPrompt(t *testing.T, c *pgxdriver.Coordinator, pk *pickups, what stri
 // past the period's linger keeps the period in its hand-shake (Settled is
 // false) and is picked up at once when it commits; afterwards the instance
 // goes quiet and is back on signals.
-func TestAttackLongTxAcrossPeriodEnd(t *testing.T) {
+func TestSelfPollingPG_LongTxAcrossPeriodEnd(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 4), attackPool(t, 4)
@@ -343,7 +343,7 @@ func TestAttackLongTxAcrossPeriodEnd(t *testing.T) {
 	}
 	pk.commit([]uuid.UUID{item}, time.Now())
 	d, ok := pk.wait(item, 8*time.Second)
-	if !ok || d > attackLate {
+	if !ok || d > lateWakeup {
 		t.Fatalf("the long transaction's item: handled %v after its commit (ok=%v)", d, ok)
 	}
 	noWakeLocks(t, app, schema, p.ID(), 5*time.Second)
@@ -354,13 +354,13 @@ func TestAttackLongTxAcrossPeriodEnd(t *testing.T) {
 		t.Fatalf("%d claims in 300 ms after the period ended: still polling by itself", n)
 	}
 	expectPrompt(t, c, pk, "after the period")
-	if w, id, missing := pk.worst(); missing > 0 || w > attackLate {
+	if w, id, missing := pk.worst(); missing > 0 || w > lateWakeup {
 		t.Fatalf("worst pickup %v (item %s), %d items not handled", w, id, missing)
 	}
 }
 
 // A rolled-back skipped enqueue lets the period end; nothing is delivered.
-func TestAttackSkippedTxRolledBack(t *testing.T) {
+func TestSelfPollingPG_SkippedTxRolledBack(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 4), attackPool(t, 4)
@@ -386,7 +386,7 @@ func TestAttackSkippedTxRolledBack(t *testing.T) {
 // enqueue open, nothing may be lost: the polling lock goes with the
 // session, enqueues signal again, the period ends, and the next period
 // dials a new poll session.
-func TestAttackPollSessionKilledMidPeriod(t *testing.T) {
+func TestSelfPollingPG_PollSessionKilledMidPeriod(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 4), attackPool(t, 4)
@@ -424,7 +424,7 @@ func TestAttackPollSessionKilledMidPeriod(t *testing.T) {
 // The listener is interrupted (network blip) during a period while a
 // skipped enqueue is open; it reconnects. The skipped item and later
 // lone items are picked up at once.
-func TestAttackListenerInterruptedMidPeriod(t *testing.T) {
+func TestSelfPollingPG_ListenerInterruptedMidPeriod(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 4), attackPool(t, 4)
@@ -451,7 +451,7 @@ func TestAttackListenerInterruptedMidPeriod(t *testing.T) {
 		t.Fatal(err)
 	}
 	pk.commit([]uuid.UUID{item}, time.Now())
-	if d, ok := pk.wait(item, 8*time.Second); !ok || d > attackLate {
+	if d, ok := pk.wait(item, 8*time.Second); !ok || d > lateWakeup {
 		t.Fatalf("the skipped item committed across a listener blip: handled %v after commit (ok=%v)", d, ok)
 	}
 	pgWait(t, 10*time.Second, "the listener back", func() bool { return p.Stats().Claim.ReconnectCatchUps > 0 })
@@ -466,7 +466,7 @@ func TestAttackListenerInterruptedMidPeriod(t *testing.T) {
 // Pump.Stop during a period returns promptly, releases the period's locks
 // and its session, and a pump restarted with the same id (or a new one)
 // gets its wake-ups.
-func TestAttackStopDuringPeriod(t *testing.T) {
+func TestSelfPollingPG_StopDuringPeriod(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 4), attackPool(t, 4)
@@ -518,7 +518,7 @@ func TestAttackStopDuringPeriod(t *testing.T) {
 // A period never takes a pool connection: with MaxConns 2 and handlers that
 // use the pool, a flow runs through periods, and the period's lock lives
 // on a session outside the pool.
-func TestAttackPoolOfTwo(t *testing.T) {
+func TestSelfPollingPG_PoolOfTwo(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 2), attackPool(t, 8)
@@ -607,7 +607,7 @@ func TestAttackPoolOfTwo(t *testing.T) {
 // A trickle whose gaps straddle the linger makes periods begin and end
 // over and over, with enqueues in application transactions held open for
 // a random while; no item may wait for the safety-net poll.
-func TestAttackTrickleAroundLinger(t *testing.T) {
+func TestSelfPollingPG_TrickleAroundLinger(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 4), attackPool(t, 8)
@@ -666,7 +666,7 @@ func TestAttackTrickleAroundLinger(t *testing.T) {
 	if p.Stats().Claim.SelfPollPeriods < 3 {
 		t.Fatalf("only %d periods: the trickle did not exercise period starts and ends", p.Stats().Claim.SelfPollPeriods)
 	}
-	if w > attackLate {
+	if w > lateWakeup {
 		t.Fatalf("item %s picked up %v after its commit: a lost wake-up around a period start or end", id, w)
 	}
 }
@@ -674,7 +674,7 @@ func TestAttackTrickleAroundLinger(t *testing.T) {
 // Instances come and go (graceful stops, new ids) while a flow keeps
 // periods running on each: every stream is handled in order with no gap,
 // and nothing waits long after the flow stops.
-func TestAttackChurnOrder(t *testing.T) {
+func TestSelfPollingPG_ChurnOrder(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 8), attackPool(t, 8)
@@ -777,7 +777,7 @@ func (p *pickups) count() int {
 
 // Stop with an already expired context during a period still releases the
 // period's locks and session.
-func TestAttackStopExpiredContextDuringPeriod(t *testing.T) {
+func TestSelfPollingPG_StopExpiredContextDuringPeriod(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 4), attackPool(t, 4)
@@ -808,7 +808,7 @@ func TestAttackStopExpiredContextDuringPeriod(t *testing.T) {
 // The poll session is kept between periods; killed while idle (as
 // idle_session_timeout or a pooler would), the next flow still begins a
 // period on a new session and nothing is late.
-func TestAttackIdlePollSessionKilled(t *testing.T) {
+func TestSelfPollingPG_IdlePollSessionKilled(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 4), attackPool(t, 4)
@@ -835,7 +835,103 @@ func TestAttackIdlePollSessionKilled(t *testing.T) {
 	noWakeLocks(t, app, schema, p.ID(), 5*time.Second)
 	time.Sleep(300 * time.Millisecond)
 	expectPrompt(t, c, pk, "after the period on the new session")
-	if w, id, missing := pk.worst(); missing > 0 || w > attackLate {
+	if w, id, missing := pk.worst(); missing > 0 || w > lateWakeup {
 		t.Fatalf("worst pickup %v (item %s), %d items not handled", w, id, missing)
+	}
+}
+
+// TestSelfPollingPG_StopWithOpenSkippedTxRestartSameID: an enqueue skipped its
+// signal during a period, the pump stopped before it committed, and a new
+// pump under the same id is idle when it commits. The new pump's start-up
+// period finishes the hand-shake the old one left open, so the item is
+// picked up at once, as it is with every enqueue on NOTIFY.
+func TestSelfPollingPG_StopWithOpenSkippedTxRestartSameID(t *testing.T) {
+	t.Parallel()
+	for _, disable := range []bool{true, false} {
+		t.Run(fmt.Sprintf("DisableSelfPolling=%v", disable), func(t *testing.T) {
+			schema := pgtest.Schema(t)
+			pool, app := attackPool(t, 4), attackPool(t, 4)
+			c := attackCoordinator(t, pool, schema)
+			pk := newPickups()
+			id := uuid.Must(uuid.NewV7())
+			opts := attackOptions(id)
+			opts.Claim.DisableSelfPolling = disable
+			p, err := workpump.New(c, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Handle(driver.Outbox, "", pk.handle)
+			if err := p.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			stop := feeder(t, c, pk, "feed")
+			var tx pgx.Tx
+			var item uuid.UUID
+			if disable {
+				time.Sleep(200 * time.Millisecond)
+				tx, err = app.Begin(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids, err := c.EnqueueTx(context.Background(), tx, []driver.NewWork{{Category: driver.Outbox, StreamID: "open", Payload: []byte("tx")}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				item = ids[0]
+			} else {
+				pollingPID(t, app, schema, id)
+				tx, item = skippedEnqueue(t, app, c, id, "open")
+			}
+			stop()
+			stopQuietly(p)
+			startAttackPump(t, c, opts, pk.handle)
+			time.Sleep(700 * time.Millisecond) // started, caught up, idle
+			if err := tx.Commit(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			pk.commit([]uuid.UUID{item}, time.Now())
+			d, ok := pk.wait(item, 8*time.Second)
+			if !ok || d > lateWakeup {
+				t.Fatalf("item enqueued before the stop, committed after the restart: handled %v after commit (ok=%v)", d, ok)
+			}
+		})
+	}
+}
+
+// TestSelfPollingPG_PollSessionKilledWithOpenSkippedTx: the session holding a
+// period dies while an enqueue that skipped its signal is open, during the
+// period or while its hand-shake waits for that enqueue. A new period on a
+// new session takes the hand-shake over, so the item is picked up as soon
+// as it commits.
+func TestSelfPollingPG_PollSessionKilledWithOpenSkippedTx(t *testing.T) {
+	t.Parallel()
+	for _, during := range []string{"polling", "handshake"} {
+		t.Run(during, func(t *testing.T) {
+			schema := pgtest.Schema(t)
+			pool, app := attackPool(t, 4), attackPool(t, 4)
+			c := attackCoordinator(t, pool, schema)
+			pk := newPickups()
+			p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
+			stop := feeder(t, c, pk, "feed")
+			pid := pollingPID(t, app, schema, p.ID())
+			tx, item := skippedEnqueue(t, app, c, p.ID(), "open")
+			if during == "handshake" {
+				stop()
+				pgWait(t, 5*time.Second, "the period waiting for the open enqueue", func() bool {
+					return len(wakeLockHolders(t, app, schema, p.ID(), "polling")) == 0
+				})
+			}
+			terminate(t, app, pid)
+			stop()
+			time.Sleep(time.Second)
+			if err := tx.Commit(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			pk.commit([]uuid.UUID{item}, time.Now())
+			d, ok := pk.wait(item, 15*time.Second)
+			if !ok || d > lateWakeup {
+				t.Fatalf("skipped item committed after its poll session died: handled %v after commit (ok=%v)", d, ok)
+			}
+		})
 	}
 }
