@@ -108,8 +108,11 @@ type SelfPolling interface {
 // from BeginSelfPolling until Close, and ends it in this order: Stop
 // (enqueues signal again from then on), Settled until it reports true (no
 // enqueue that skipped its signal is still open), one more claim, Close.
-// After an error from Stop or Settled, Close it and poll on the safety-net
-// cadence: an enqueue may have skipped its signal.
+// After an error from Stop or Settled, Close it: an enqueue may have
+// skipped its signal and still be open. What it holds belongs to its own
+// transaction, so any later period of the instance (on a new session, or
+// in a new process under the same id) finishes that hand-shake by ending
+// the same way; the claim loop begins one at once, and one at its start.
 type SelfPoll interface {
 	// Stop ends the skipping: enqueues from now on signal again.
 	Stop(ctx context.Context) error
