@@ -556,7 +556,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		var selfWait time.Duration
 		var selfDecides bool
 		if w.self != nil && ctx.Err() == nil {
-			selfWait, selfDecides = w.self.after(ctx, len(res.Work), err != nil, w.gateUp)
+			selfWait, selfDecides = w.self.after(ctx, start, len(res.Work), err != nil, w.gateUp)
 		}
 		if res.HasMore {
 			continue

@@ -96,11 +96,14 @@ const (
 	selfLastCall           // Settled: the next claim is the period's last
 )
 
-// after feeds one claim's outcome into the state and returns the wait
-// before the next claim, with decided false when the loop's usual wait
-// applies.
-func (p *selfPoller) after(ctx context.Context, items int, failed, gateUp bool) (wait time.Duration, decided bool) {
+// after feeds the outcome of one claim, begun at start, into the state and
+// returns the wait before the next claim, with decided false when the
+// loop's usual wait applies. A period's claims begin every interval,
+// counted from the start of the previous one, so a slow claim does not
+// stretch the cadence.
+func (p *selfPoller) after(ctx context.Context, start time.Time, items int, failed, gateUp bool) (wait time.Duration, decided bool) {
 	recent := p.recent.add(time.Now(), items, p.linger)
+	cadence := max(0, p.interval-time.Since(start))
 	switch p.phase {
 	case selfOff:
 		if !gateUp || (!p.pending && recent < selfPollBeginItems) {
@@ -109,10 +112,10 @@ func (p *selfPoller) after(ctx context.Context, items int, failed, gateUp bool) 
 		if !p.begin(ctx) {
 			return 0, false
 		}
-		return p.interval, true
+		return cadence, true
 	case selfOn:
 		if recent > 0 {
-			return p.interval, true
+			return cadence, true
 		}
 		if err := p.sp.Stop(ctx); err != nil {
 			return p.abort(ctx, err)

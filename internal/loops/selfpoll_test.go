@@ -322,3 +322,25 @@ func TestSelfPollingBeginsAtTheSecondItem(t *testing.T) {
 		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
 	})
 }
+
+// TestSelfPollingCadenceCountsFromTheClaimStart: claims that take 1.5 ms
+// still begin every 2 ms during a period; one that takes longer than the
+// interval is followed at once.
+func TestSelfPollingCadenceCountsFromTheClaimStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		first := twoItemsFirst()
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			if n == 4 {
+				time.Sleep(ms(3))
+			} else {
+				time.Sleep(1500 * time.Microsecond)
+			}
+			return first(n, req)
+		}}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
+		r.start()
+		time.Sleep(ms(20))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims()[:7], []time.Duration{0, ms(2), ms(4), ms(6), ms(9), ms(11), ms(13)})
+	})
+}
