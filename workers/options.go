@@ -108,10 +108,12 @@ type ClaimOptions struct {
 	// default). A Postgres transaction that NOTIFYs takes a database-wide
 	// lock before its commit and holds it through its WAL flush, so
 	// enqueue transactions that signal commit one at a time. Once claims
-	// found work twice within SelfPollLinger (default 50 ms) while the
-	// gate is healthy, the loop polls by itself every SelfPollInterval
-	// (default 2 ms) and enqueues routed to the instance skip their
-	// NOTIFY. After SelfPollLinger without work it ends the period with
+	// returned five items within SelfPollLinger (default 50 ms, so 100
+	// items/s) while the gate is healthy, the loop begins a claim every
+	// SelfPollInterval (default 2 ms) and enqueues routed to the instance
+	// skip their NOTIFY. It also begins such a period at its first claim,
+	// to finish a hand-shake that a stopped process under its id may have
+	// left open. After SelfPollLinger without work it ends the period with
 	// the store's hand-shake (no enqueue that skipped its signal can be
 	// missed) and waits for signals again. A period holds one extra
 	// session of the instance (see the driver's doc); the polls it adds

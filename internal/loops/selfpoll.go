@@ -20,10 +20,12 @@ import (
 // enqueue that skipped its signal is open (polling meanwhile, the wait
 // doubling from interval up to linger), one last claim, Close.
 //
-// The threshold is two items, not one: a lone item after a quiet spell is
-// served by its signal and costs no period, while any flow of work (even
-// one the NOTIFY commits throttle, which is the flow a period relieves)
-// reaches two items within a linger.
+// The threshold, five items within a linger (100 items/s at the default
+// 50 ms), sits far below the rates at which NOTIFY commits queue on their
+// lock (several hundred a second even on a slow disk), so a flow that the
+// NOTIFY commits throttle always reaches it; below it, items are served by
+// their signals and no period adds its idle polls (a linger's worth per
+// period).
 //
 // An enqueue that skipped its signal holds its share of the hand-shake in
 // its own transaction, so a hand-shake that did not finish can be finished
@@ -85,7 +87,7 @@ func (m *workMarks) add(now time.Time, n int, window time.Duration) int {
 
 // selfPollBeginItems is the item count within the trailing linger that
 // begins a period.
-const selfPollBeginItems = 2
+const selfPollBeginItems = 5
 
 type selfPhase int
 

@@ -11,12 +11,12 @@ import (
 	"github.com/workpump/workpump/workers"
 )
 
-// twoItemsFirst returns two items on the first claim, enough to begin a
+// fiveItemsFirst returns five items on the first claim, enough to begin a
 // period, one on the claims listed in more, nothing on the others.
-func twoItemsFirst(more ...int) func(int, driver.ClaimRequest) (driver.ClaimResult, error) {
+func fiveItemsFirst(more ...int) func(int, driver.ClaimRequest) (driver.ClaimResult, error) {
 	return func(n int, _ driver.ClaimRequest) (driver.ClaimResult, error) {
 		if n == 1 {
-			return driver.ClaimResult{Work: []driver.Work{wk(driver.Outbox), wk(driver.Outbox)}}, nil
+			return driver.ClaimResult{Work: []driver.Work{wk(driver.Outbox), wk(driver.Outbox), wk(driver.Outbox), wk(driver.Outbox), wk(driver.Outbox)}}, nil
 		}
 		for _, m := range more {
 			if n == m {
@@ -36,7 +36,7 @@ func steps(from, to, step time.Duration) []time.Duration {
 	return out
 }
 
-// TestSelfPollingPeriod: by default, a claim that finds two items with the
+// TestSelfPollingPeriod: by default, a claim that finds five items with the
 // gate up begins a period; the worker then claims every SelfPollInterval (2 ms); SelfPollLinger
 // (50 ms) after the last work it stops, polls on while Settled says an
 // enqueue that skipped its signal is open (the wait doubling: 2 ms, 4 ms),
@@ -44,7 +44,7 @@ func steps(from, to, step time.Duration) []time.Duration {
 // usual again (here the backoff after 27 empty polls: the 10 s cap).
 func TestSelfPollingPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()},
 			settled: func(n int) (bool, error) { return n >= 3, nil }}
 		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
@@ -67,7 +67,7 @@ func TestSelfPollingPeriod(t *testing.T) {
 func TestSelfPollingLingerCountsFromTheLastWork(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Claims 1 (at 0 ms) and 6 (at 10 ms) find work.
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst(6)}}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst(6)}}
 		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(1))
@@ -84,7 +84,7 @@ func TestSelfPollingLingerCountsFromTheLastWork(t *testing.T) {
 // anyway: tight base polling).
 func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()},
 			begin: func(int) (bool, error) { return false, nil }}
 		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
@@ -94,7 +94,7 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, sec(5)})
 	})
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()}}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()}}
 		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(false), nil)
 		r.start()
 		time.Sleep(ms(600))
@@ -112,7 +112,7 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 // claim comes after the tight base (250 ms), then the usual waits.
 func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()},
 			settled: func(int) (bool, error) { return false, errors.New("connection reset") }}
 		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
@@ -132,7 +132,7 @@ func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 // and hands back to signals.
 func TestSelfPollingTakeoverFinishesTheHandshake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()},
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()},
 			settled: func(n int) (bool, error) {
 				switch {
 				case n == 1:
@@ -181,7 +181,7 @@ func TestSelfPollingStartsWithAPeriod(t *testing.T) {
 // TestSelfPollingClosedOnStop: stopping the worker mid-period closes it.
 func TestSelfPollingClosedOnStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()}}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()}}
 		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(ms(11))
@@ -197,7 +197,7 @@ func TestSelfPollingClosedOnStop(t *testing.T) {
 // worker stays on signals.
 func TestSelfPollingOffWhenDisabled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: twoItemsFirst()}}
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()}}
 		r := newClaimRig(t, coord, workers.ClaimOptions{DisableSelfPolling: true}, newFakeSub(true), nil)
 		r.start()
 		time.Sleep(sec(6))
@@ -214,7 +214,7 @@ func TestSelfPollingOffWhenDisabled(t *testing.T) {
 // retried a poll interval later before the period closes.
 func TestSelfPollingLastClaimRetriedAfterAFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		first := twoItemsFirst()
+		first := fiveItemsFirst()
 		// Claims 1..26 run at 0, 2, ..., 50 ms (the 26th stops and settles);
 		// the 27th, the last one, fails.
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
@@ -270,56 +270,55 @@ func (f *feed) claim(int, driver.ClaimRequest) (driver.ClaimResult, error) {
 	return res, nil
 }
 
-// TestSelfPollingBeginsAtTheSecondItem: after the start-up period (claims
-// at 0, 2 and 2 ms), a lone item is served by its signal and begins no period (the next
-// claim is the safety net's, 5 s later); a second item within the trailing
-// 50 ms begins one. Items 60 ms apart never do.
-func TestSelfPollingBeginsAtTheSecondItem(t *testing.T) {
-	arrive := func(t *testing.T, f *feed, sub *fakeSub, at ...time.Duration) time.Time {
+// TestSelfPollingBeginsAtTheFifthItem: after the start-up period (claims
+// at 0, 2 and 2 ms), items arriving one by one are served by their signals
+// (after the last, the next claim is the safety net's, 5 s later) until
+// five came within the trailing 50 ms: that claim begins a period. Items 15
+// ms apart (four within any 50 ms) never do.
+func TestSelfPollingBeginsAtTheFifthItem(t *testing.T) {
+	arrive := func(t *testing.T, f *feed, sub *fakeSub, at ...time.Duration) {
 		t0 := time.Now()
 		for _, d := range at {
 			time.Sleep(d - time.Since(t0))
 			f.put(1)
 			sub.send(driver.SignalWork)
 		}
-		return t0
 	}
-	synctest.Test(t, func(t *testing.T) {
+	run := func(t *testing.T, at ...time.Duration) (*claimRig, selfPollCoord) {
 		f := &feed{}
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: f.claim}}
 		sub := newFakeSub(true)
 		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
 		r.start()
-		arrive(t, f, sub, sec(1))
+		time.Sleep(sec(1))
+		arrive(t, f, sub, at...)
 		time.Sleep(sec(6))
 		stop(t, r.w)
+		return r, coord
+	}
+	synctest.Test(t, func(t *testing.T) {
+		r, coord := run(t, 0, ms(10), ms(20), ms(30))
 		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
-		eqDurations(t, "claims after the start-up period", r.claims()[3:], []time.Duration{sec(1), sec(6)})
+		eqDurations(t, "claims after the start-up period", r.claims()[3:],
+			[]time.Duration{sec(1), sec(1) + ms(10), sec(1) + ms(20), sec(1) + ms(30), sec(1) + ms(30) + sec(5)})
 	})
 	synctest.Test(t, func(t *testing.T) {
-		f := &feed{}
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: f.claim}}
-		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
-		r.start()
-		arrive(t, f, sub, sec(1), sec(1)+ms(30))
-		time.Sleep(ms(200))
-		stop(t, r.w)
-		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, sec(1) + ms(30)})
-		eqDurations(t, "claims after the start-up period", r.claims()[3:7], []time.Duration{sec(1), sec(1) + ms(30), sec(1) + ms(32), sec(1) + ms(34)})
-		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(2), sec(1) + ms(80)})
+		r, coord := run(t, 0, ms(10), ms(20), ms(30), ms(40))
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, sec(1) + ms(40)})
+		eqDurations(t, "claims after the start-up period", r.claims()[3:10],
+			[]time.Duration{sec(1), sec(1) + ms(10), sec(1) + ms(20), sec(1) + ms(30), sec(1) + ms(40), sec(1) + ms(42), sec(1) + ms(44)})
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(2), sec(1) + ms(90)})
 	})
 	synctest.Test(t, func(t *testing.T) {
-		f := &feed{}
-		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: f.claim}}
-		sub := newFakeSub(true)
-		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
-		r.start()
-		arrive(t, f, sub, sec(1), sec(1)+ms(60), sec(1)+ms(120), sec(1)+ms(180))
-		time.Sleep(ms(100))
-		stop(t, r.w)
-		eqDurations(t, "claims after the start-up period", r.claims()[3:], []time.Duration{sec(1), sec(1) + ms(60), sec(1) + ms(120), sec(1) + ms(180)})
+		var at []time.Duration
+		for i := range 12 {
+			at = append(at, time.Duration(i)*ms(15))
+		}
+		r, coord := run(t, at...)
 		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+		if n := len(r.claims()[3:]); n != 13 {
+			t.Fatalf("%d claims after the start-up period, want one per item and the safety net's", n)
+		}
 	})
 }
 
@@ -328,7 +327,7 @@ func TestSelfPollingBeginsAtTheSecondItem(t *testing.T) {
 // interval is followed at once.
 func TestSelfPollingCadenceCountsFromTheClaimStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		first := twoItemsFirst()
+		first := fiveItemsFirst()
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
 			if n == 4 {
 				time.Sleep(ms(3))
