@@ -27,6 +27,23 @@ import (
 	"github.com/workpump/workpump/internal/pgtest"
 )
 
+// newSelfPollRig makes a schema, the pump's coordinator on a pool of its
+// own, an application pool, and the pickup recorder.
+func newSelfPollRig(t *testing.T) (string, *pgxpool.Pool, *pgxdriver.Coordinator, *pickups) {
+	schema := pgtest.Schema(t)
+	pool, app := attackPool(t, 4), attackPool(t, 4)
+	return schema, app, attackCoordinator(t, pool, schema), newPickups()
+}
+
+// promptAfterPeriod waits until the instance holds no wake-up lock (its
+// period ended), then checks that a lone item is picked up at once.
+func promptAfterPeriod(t *testing.T, app *pgxpool.Pool, schema string, id uuid.UUID, c *pgxdriver.Coordinator, pk *pickups, what string) {
+	t.Helper()
+	noWakeLocks(t, app, schema, id, 5*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	expectPrompt(t, c, pk, what)
+}
+
 // lateWakeup is the pickup time past which a wake-up counts as lost: the
 // listener is up, so only the safety-net poll (5 s) would find the item.
 const lateWakeup = time.Second
@@ -316,10 +333,7 @@ func expectPrompt(t *testing.T, c *pgxdriver.Coordinator, pk *pickups, what stri
 // goes quiet and is back on signals.
 func TestSelfPollingPG_LongTxAcrossPeriodEnd(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	pool, app := attackPool(t, 4), attackPool(t, 4)
-	c := attackCoordinator(t, pool, schema)
-	pk := newPickups()
+	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 	stop := feeder(t, c, pk, "feed")
 	pollingPID(t, app, schema, p.ID())
@@ -362,10 +376,7 @@ func TestSelfPollingPG_LongTxAcrossPeriodEnd(t *testing.T) {
 // A rolled-back skipped enqueue lets the period end; nothing is delivered.
 func TestSelfPollingPG_SkippedTxRolledBack(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	pool, app := attackPool(t, 4), attackPool(t, 4)
-	c := attackCoordinator(t, pool, schema)
-	pk := newPickups()
+	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 	stop := feeder(t, c, pk, "feed")
 	pollingPID(t, app, schema, p.ID())
@@ -388,10 +399,7 @@ func TestSelfPollingPG_SkippedTxRolledBack(t *testing.T) {
 // dials a new poll session.
 func TestSelfPollingPG_PollSessionKilledMidPeriod(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	pool, app := attackPool(t, 4), attackPool(t, 4)
-	c := attackCoordinator(t, pool, schema)
-	pk := newPickups()
+	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 	stop := feeder(t, c, pk, "feed")
 	pid := pollingPID(t, app, schema, p.ID())
@@ -402,9 +410,7 @@ func TestSelfPollingPG_PollSessionKilledMidPeriod(t *testing.T) {
 	terminate(t, app, pid)
 	time.Sleep(200 * time.Millisecond) // the flow goes on while the period fails
 	stop()
-	noWakeLocks(t, app, schema, p.ID(), 5*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	expectPrompt(t, c, pk, "after the poll session died")
+	promptAfterPeriod(t, app, schema, p.ID(), c, pk, "after the poll session died")
 	periods := p.Stats().Claim.SelfPollPeriods
 	stop = feeder(t, c, pk, "feed2")
 	pgWait(t, 10*time.Second, "a new period", func() bool { return p.Stats().Claim.SelfPollPeriods > periods })
@@ -413,9 +419,7 @@ func TestSelfPollingPG_PollSessionKilledMidPeriod(t *testing.T) {
 		t.Fatalf("the new period holds its lock on the terminated session %d", pid)
 	}
 	stop()
-	noWakeLocks(t, app, schema, p.ID(), 5*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	expectPrompt(t, c, pk, "after the second period")
+	promptAfterPeriod(t, app, schema, p.ID(), c, pk, "after the second period")
 	if w, id, missing := pk.worst(); missing > 0 {
 		t.Fatalf("worst pickup %v (item %s), %d items not handled", w, id, missing)
 	}
@@ -426,10 +430,7 @@ func TestSelfPollingPG_PollSessionKilledMidPeriod(t *testing.T) {
 // lone items are picked up at once.
 func TestSelfPollingPG_ListenerInterruptedMidPeriod(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	pool, app := attackPool(t, 4), attackPool(t, 4)
-	c := attackCoordinator(t, pool, schema)
-	pk := newPickups()
+	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 	stop := feeder(t, c, pk, "feed")
 	pollPID := pollingPID(t, app, schema, p.ID())
@@ -455,9 +456,7 @@ func TestSelfPollingPG_ListenerInterruptedMidPeriod(t *testing.T) {
 		t.Fatalf("the skipped item committed across a listener blip: handled %v after commit (ok=%v)", d, ok)
 	}
 	pgWait(t, 10*time.Second, "the listener back", func() bool { return p.Stats().Claim.ReconnectCatchUps > 0 })
-	noWakeLocks(t, app, schema, p.ID(), 5*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	expectPrompt(t, c, pk, "after the listener reconnected")
+	promptAfterPeriod(t, app, schema, p.ID(), c, pk, "after the listener reconnected")
 	if w, id, missing := pk.worst(); missing > 0 {
 		t.Fatalf("worst pickup %v (item %s), %d items not handled", w, id, missing)
 	}
@@ -468,10 +467,7 @@ func TestSelfPollingPG_ListenerInterruptedMidPeriod(t *testing.T) {
 // gets its wake-ups.
 func TestSelfPollingPG_StopDuringPeriod(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	pool, app := attackPool(t, 4), attackPool(t, 4)
-	c := attackCoordinator(t, pool, schema)
-	pk := newPickups()
+	schema, app, c, pk := newSelfPollRig(t)
 	id := uuid.Must(uuid.NewV7())
 	p, err := workpump.New(c, attackOptions(id))
 	if err != nil {
@@ -502,9 +498,7 @@ func TestSelfPollingPG_StopDuringPeriod(t *testing.T) {
 	stop = feeder(t, c, pk, "feed2")
 	pollingPID(t, app, schema, id)
 	stop()
-	noWakeLocks(t, app, schema, id, 5*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	expectPrompt(t, c, pk, "restart with the same id, after a period")
+	promptAfterPeriod(t, app, schema, id, c, pk, "restart with the same id, after a period")
 	stopQuietly(p2)
 	p3 := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 	time.Sleep(500 * time.Millisecond)
@@ -599,9 +593,7 @@ func TestSelfPollingPG_PoolOfTwo(t *testing.T) {
 	if w, id, _ := pk.worst(); w > 5*time.Second {
 		t.Fatalf("worst pickup %v (item %s)", w, id)
 	}
-	noWakeLocks(t, app, schema, p.ID(), 5*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	expectPrompt(t, c, pk, "after the flow")
+	promptAfterPeriod(t, app, schema, p.ID(), c, pk, "after the flow")
 }
 
 // A trickle whose gaps straddle the linger makes periods begin and end
@@ -779,10 +771,7 @@ func (p *pickups) count() int {
 // period's locks and session.
 func TestSelfPollingPG_StopExpiredContextDuringPeriod(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	pool, app := attackPool(t, 4), attackPool(t, 4)
-	c := attackCoordinator(t, pool, schema)
-	pk := newPickups()
+	schema, app, c, pk := newSelfPollRig(t)
 	p, err := workpump.New(c, attackOptions(uuid.Nil))
 	if err != nil {
 		t.Fatal(err)
@@ -810,10 +799,7 @@ func TestSelfPollingPG_StopExpiredContextDuringPeriod(t *testing.T) {
 // period on a new session and nothing is late.
 func TestSelfPollingPG_IdlePollSessionKilled(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	pool, app := attackPool(t, 4), attackPool(t, 4)
-	c := attackCoordinator(t, pool, schema)
-	pk := newPickups()
+	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 	stop := feeder(t, c, pk, "feed")
 	pid := pollingPID(t, app, schema, p.ID())
@@ -832,9 +818,7 @@ func TestSelfPollingPG_IdlePollSessionKilled(t *testing.T) {
 		t.Fatalf("the period holds its lock on the terminated session %d", pid)
 	}
 	stop()
-	noWakeLocks(t, app, schema, p.ID(), 5*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	expectPrompt(t, c, pk, "after the period on the new session")
+	promptAfterPeriod(t, app, schema, p.ID(), c, pk, "after the period on the new session")
 	if w, id, missing := pk.worst(); missing > 0 || w > lateWakeup {
 		t.Fatalf("worst pickup %v (item %s), %d items not handled", w, id, missing)
 	}
@@ -849,10 +833,7 @@ func TestSelfPollingPG_StopWithOpenSkippedTxRestartSameID(t *testing.T) {
 	t.Parallel()
 	for _, disable := range []bool{true, false} {
 		t.Run(fmt.Sprintf("DisableSelfPolling=%v", disable), func(t *testing.T) {
-			schema := pgtest.Schema(t)
-			pool, app := attackPool(t, 4), attackPool(t, 4)
-			c := attackCoordinator(t, pool, schema)
-			pk := newPickups()
+			schema, app, c, pk := newSelfPollRig(t)
 			id := uuid.Must(uuid.NewV7())
 			opts := attackOptions(id)
 			opts.Claim.DisableSelfPolling = disable
@@ -907,10 +888,7 @@ func TestSelfPollingPG_PollSessionKilledWithOpenSkippedTx(t *testing.T) {
 	t.Parallel()
 	for _, during := range []string{"polling", "handshake"} {
 		t.Run(during, func(t *testing.T) {
-			schema := pgtest.Schema(t)
-			pool, app := attackPool(t, 4), attackPool(t, 4)
-			c := attackCoordinator(t, pool, schema)
-			pk := newPickups()
+			schema, app, c, pk := newSelfPollRig(t)
 			p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 			stop := feeder(t, c, pk, "feed")
 			pid := pollingPID(t, app, schema, p.ID())

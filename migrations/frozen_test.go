@@ -29,6 +29,8 @@ var released = map[string]string{
 	"0006_lease_fences.up.sql":      "25a423c6804c6f60626952f2c3aa081918ef724e5e4f6c5283513c30509715f5",
 	"0007_named_parts.down.sql":     "a4340a8b5d68e53e948439668cd7e5c9d2bbf3d5f1e5c3d70ced400bf2e7a5db",
 	"0007_named_parts.up.sql":       "ba4e71df3cf5e0f9336e97632f1e7962db7cf2abf43555e0d762fbf43a990524",
+	"0008_wakeup_pauses.down.sql":   "e315c4620217b07543925f0ff6a8b0c8848ae02e90359d93704ed425b15231fa",
+	"0008_wakeup_pauses.up.sql":     "ecce3f1326f9f3ef1c2a748d01fe7fe765a5f8251bc2c7d6e9d8b7eeb6617795",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released
