@@ -114,6 +114,7 @@ func (p *selfPoller) after(ctx context.Context, start time.Time, items int, fail
 		if !p.begin(ctx) {
 			return 0, false
 		}
+		p.aborted = 0 // a new period: its failure gets a take-over again
 		return cadence, true
 	case selfOn:
 		if recent > 0 {

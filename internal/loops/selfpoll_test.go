@@ -343,3 +343,32 @@ func TestSelfPollingCadenceCountsFromTheClaimStart(t *testing.T) {
 		eqDurations(t, "claims", r.claims()[:7], []time.Duration{0, ms(2), ms(4), ms(6), ms(9), ms(11), ms(13)})
 	})
 }
+
+// TestSelfPollingTakeoverAgainInALaterPeriod: after a period and its
+// take-over both failed, the next period that work begins gets a take-over
+// again when it fails.
+func TestSelfPollingTakeoverAgainInALaterPeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &feed{}
+		f.put(5)
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: f.claim},
+			settled: func(n int) (bool, error) {
+				if n <= 3 {
+					return false, errors.New("connection reset")
+				}
+				return true, nil
+			}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
+		r.start()
+		time.Sleep(sec(1))
+		f.put(5)
+		sub.send(driver.SignalWork)
+		time.Sleep(sec(1))
+		stop(t, r.w)
+		// 0: begins; 50 ms: fails, take-over; 52 ms: fails, no take-over.
+		// 1 s: work begins a period; 1.05 s: fails, take-over, which ends.
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50), sec(1), sec(1) + ms(50)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(52), sec(1) + ms(50), sec(1) + ms(52)})
+	})
+}
