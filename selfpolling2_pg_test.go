@@ -9,6 +9,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -524,4 +526,181 @@ func TestSelfPollingPG2_TwoPumpsChurnAndKills(t *testing.T) {
 	}
 	w, id, _ := pk.worst()
 	t.Logf("items %d, tail %v, worst pickup %v (%s)", pk.count(), tail, w, id)
+}
+
+// myListenerPIDs returns the pids of this process's sessions named like a
+// listener (listeners and poll sessions).
+func myListenerPIDs(t *testing.T, app *pgxpool.Pool) []int {
+	t.Helper()
+	ports := myPGClientPorts(t)
+	rows, err := app.Query(context.Background(), `SELECT pid, client_port FROM pg_stat_activity
+		WHERE application_name = 'workpump-listener' AND client_port IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		PID  int
+		Port int32
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, r := range got {
+		if ports[int(r.Port)] {
+			pids = append(pids, r.PID)
+		}
+	}
+	return pids
+}
+
+// TestSelfPollingPG2_TakeOverSessionKilledToo: the poll session of a
+// period waiting for an open skipped enqueue dies, and so does the session
+// of the period that took the hand-shake over. A period is then owed and
+// begins at the next claim, so the item is picked up as soon as it commits.
+// Not parallel: the take-over's session is found among this process's
+// listener-named sessions.
+func TestSelfPollingPG2_TakeOverSessionKilledToo(t *testing.T) {
+	schema, app, c, pk := newSelfPollRig(t)
+	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
+	stop := feeder(t, c, pk, "feed")
+	s1 := pollingPID(t, app, schema, p.ID())
+	tx, item := skippedEnqueue(t, app, c, p.ID(), "open")
+	defer tx.Rollback(context.Background())
+	stop()
+	pgWait(t, 5*time.Second, "the polling lock released", func() bool {
+		return len(wakeLockHolders(t, app, schema, p.ID(), "polling")) == 0
+	})
+	lst := listenerPID(t, app, schema, p.ID())
+	periods := p.Stats().Claim.SelfPollPeriods
+	terminate(t, app, s1)
+	pgWait(t, 5*time.Second, "the take-over period", func() bool { return p.Stats().Claim.SelfPollPeriods > periods })
+	s2 := 0
+	for _, pid := range myListenerPIDs(t, app) {
+		if pid != lst && pid != s1 {
+			s2 = pid
+		}
+	}
+	if s2 == 0 {
+		t.Fatal("no poll session found for the take-over period")
+	}
+	time.Sleep(200 * time.Millisecond)
+	terminate(t, app, s2)
+	time.Sleep(time.Second)
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pk.commit([]uuid.UUID{item}, time.Now())
+	if d, ok := pk.wait(item, 15*time.Second); !ok || d > lateWakeup {
+		t.Fatalf("skipped item committed after two poll sessions died (listener up): handled %v after commit (ok=%v)", d, ok)
+	}
+}
+
+// cutProxy forwards TCP to Postgres until cut: then it drops every
+// connection and refuses new ones until healed.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  []net.Conn
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			down := p.down
+			p.mu.Unlock()
+			if down {
+				c.Close()
+				continue
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go func() { io.Copy(u, c); u.Close(); c.Close() }()
+			go func() { io.Copy(c, u); u.Close(); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	p.down = true
+	cs := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+func (p *cutProxy) heal() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
+}
+
+// TestSelfPollingPG2_DatabaseBrieflyUnreachable: the pump's connections
+// (pool, listener, poll session) are cut for a second while its period
+// waits for an open skipped enqueue, so the take-over cannot dial. The
+// period owed begins once the listener is back, and the item is picked up
+// as soon as it commits.
+func TestSelfPollingPG2_DatabaseBrieflyUnreachable(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	cfg := pgtest.Config(t, pgx.QueryExecModeCacheStatement)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	cfg.ConnConfig.Host = "127.0.0.1"
+	cfg.ConnConfig.Port = uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	app, pk := attackPool(t, 4), newPickups()
+	c, ac := attackCoordinator(t, pool, schema), attackCoordinator(t, app, schema)
+	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
+	stop := feeder(t, ac, pk, "feed")
+	pollingPID(t, app, schema, p.ID())
+	tx, item := skippedEnqueue(t, app, ac, p.ID(), "open")
+	defer tx.Rollback(context.Background())
+	stop()
+	pgWait(t, 5*time.Second, "the period waiting for the open enqueue", func() bool {
+		return len(wakeLockHolders(t, app, schema, p.ID(), "polling")) == 0
+	})
+	reconnects := p.Stats().Claim.ReconnectCatchUps
+	proxy.cut()
+	time.Sleep(time.Second)
+	proxy.heal()
+	pgWait(t, 15*time.Second, "the listener back", func() bool { return p.Stats().Claim.ReconnectCatchUps > reconnects })
+	time.Sleep(time.Second)
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pk.commit([]uuid.UUID{item}, time.Now())
+	if d, ok := pk.wait(item, 15*time.Second); !ok || d > lateWakeup {
+		t.Fatalf("skipped item committed after the database was unreachable for 1 s (listener back): handled %v after commit (ok=%v)", d, ok)
+	}
 }

@@ -32,7 +32,8 @@ import (
 // by any later period of the instance: the worker begins one at its first
 // chance after it starts (a previous process under the same id may have
 // stopped mid-period with such enqueues still open), and at once after a
-// hand-shake step failed (the session holding the period died).
+// hand-shake step failed (the session holding the period died), again and
+// again until one ends its hand-shake.
 type selfPoller struct {
 	store    driver.SelfPolling
 	id       uuid.UUID
@@ -44,7 +45,7 @@ type selfPoller struct {
 	sp      driver.SelfPoll
 	phase   selfPhase
 	recent  workMarks
-	pending bool          // a period must begin at the next chance, work or not
+	pending bool          // a period is owed: it begins at the next chance, work or not
 	aborted int           // periods in a row that ended on a failed step
 	settle  time.Duration // the last wait for Settled
 	periods atomic.Uint64
@@ -111,10 +112,13 @@ func (p *selfPoller) after(ctx context.Context, start time.Time, items int, fail
 		if !gateUp || (!p.pending && recent < selfPollBeginItems) {
 			return 0, false
 		}
+		owed := p.pending
 		if !p.begin(ctx) {
 			return 0, false
 		}
-		p.aborted = 0 // a new period: its failure gets a take-over again
+		if !owed {
+			p.aborted = 0 // a period that work began: its failure gets a take-over again
+		}
 		return cadence, true
 	case selfOn:
 		if recent > 0 {
@@ -172,13 +176,14 @@ func (p *selfPoller) settled(ctx context.Context) (time.Duration, bool) {
 // abort ends a period after a failed hand-shake step. Enqueues that
 // skipped their signal may still be open; a new period, on a new session,
 // takes over their hand-shake (it ends at once unless work comes). When
-// that one fails too, or none can begin, the next claim comes after the
-// tight base and the safety-net polls cover what is left: the store is
-// failing, and its listener is likely down as well.
+// that one fails too, or none can begin (the store is unreachable), a
+// period is owed: the next claim after the tight base, or the first one
+// with the gate up again, begins one, until one ends its hand-shake.
 func (p *selfPoller) abort(ctx context.Context, err error) (time.Duration, bool) {
 	p.logger.Warn("self-polling hand-shake failed", "error", err)
 	p.close()
 	p.aborted++
+	p.pending = true
 	if p.aborted == 1 && ctx.Err() == nil && p.begin(ctx) {
 		return p.interval, true
 	}

@@ -108,21 +108,57 @@ func TestSelfPollingNotWhenRefusedOrGateDown(t *testing.T) {
 
 // TestSelfPollingHandshakeFailureFallsBack: a failed Settled closes the
 // period and a new one takes its hand-shake over at once (an enqueue that
-// skipped its signal may still be open). When that one fails too, the next
-// claim comes after the tight base (250 ms), then the usual waits.
+// skipped its signal may still be open). When that one fails too, a period
+// is owed: one begins at each claim after the tight base (250 ms) until one
+// ends its hand-shake; here none does.
 func TestSelfPollingHandshakeFailureFallsBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()},
 			settled: func(int) (bool, error) { return false, errors.New("connection reset") }}
 		r := newClaimRig(t, coord, workers.ClaimOptions{}, newFakeSub(true), nil)
 		r.start()
-		time.Sleep(sec(11))
+		time.Sleep(sec(1))
 		stop(t, r.w)
-		want := append(steps(0, ms(52), ms(2)), ms(302), ms(10302))
+		want := append(steps(0, ms(52), ms(2)), ms(302), ms(304), ms(554), ms(556), ms(806), ms(808))
 		eqDurations(t, "claims", r.claims(), want)
-		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50)})
-		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(50), ms(52)})
-		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(52)})
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50), ms(302), ms(554), ms(806)})
+		eqDurations(t, "stop", coord.offsets("stop", r.t0), []time.Duration{ms(50), ms(52), ms(304), ms(556), ms(808)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(52), ms(304), ms(556), ms(808)})
+	})
+}
+
+// TestSelfPollingOwedPeriodWaitsForTheGate: when the hand-shake failed and
+// no period could take it over (the store is unreachable), the period owed
+// begins at the first claim with the gate up again, however little work
+// there is.
+func TestSelfPollingOwedPeriodWaitsForTheGate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sub := newFakeSub(true)
+		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: fiveItemsFirst()},
+			settled: func(n int) (bool, error) {
+				if n == 1 {
+					sub.avail.Store(false) // the store went away with the session
+					return false, errors.New("connection reset")
+				}
+				return true, nil
+			},
+			begin: func(n int) (bool, error) {
+				if n == 2 {
+					return false, errors.New("connection refused")
+				}
+				return true, nil
+			}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{}, sub, nil)
+		r.start()
+		time.Sleep(ms(600))
+		sub.avail.Store(true)
+		sub.send(driver.SignalGateAvailable)
+		time.Sleep(ms(100))
+		stop(t, r.w)
+		// Begins: at 0 (work), the failed take-over at 50 ms, the owed one at
+		// 600 ms (the reconnect's catch-up claim), which ends its hand-shake.
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50), ms(600)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(602)})
 	})
 }
 
@@ -345,15 +381,16 @@ func TestSelfPollingCadenceCountsFromTheClaimStart(t *testing.T) {
 }
 
 // TestSelfPollingTakeoverAgainInALaterPeriod: after a period and its
-// take-over both failed, the next period that work begins gets a take-over
-// again when it fails.
+// take-over both failed, owed periods follow until one ends its
+// hand-shake; the next period that work begins gets a take-over again when
+// it fails.
 func TestSelfPollingTakeoverAgainInALaterPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &feed{}
 		f.put(5)
 		coord := selfPollCoord{fakeCoord: &fakeCoord{claim: f.claim},
 			settled: func(n int) (bool, error) {
-				if n <= 3 {
+				if n <= 3 || n == 5 {
 					return false, errors.New("connection reset")
 				}
 				return true, nil
@@ -366,9 +403,10 @@ func TestSelfPollingTakeoverAgainInALaterPeriod(t *testing.T) {
 		sub.send(driver.SignalWork)
 		time.Sleep(sec(1))
 		stop(t, r.w)
-		// 0: begins; 50 ms: fails, take-over; 52 ms: fails, no take-over.
+		// 0: begins; 50 ms: fails, take-over; 52 ms: fails, a period owed;
+		// 302 ms: owed, fails; 554 ms: owed, ends its hand-shake at 556 ms.
 		// 1 s: work begins a period; 1.05 s: fails, take-over, which ends.
-		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50), sec(1), sec(1) + ms(50)})
-		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(52), sec(1) + ms(50), sec(1) + ms(52)})
+		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50), ms(302), ms(554), sec(1), sec(1) + ms(50)})
+		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(52), ms(304), ms(556), sec(1) + ms(50), sec(1) + ms(52)})
 	})
 }
