@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -399,7 +398,7 @@ func startLockSampler(ctx context.Context, url string) (*lockSampler, error) {
 			rows, err := conn.Query(sctx, `SELECT pid::text || '@' || xact_start::text FROM pg_stat_activity
 				WHERE application_name = $1 AND wait_event_type = 'Lock' AND xact_start IS NOT NULL`, writerAppName)
 			if err != nil {
-				if !errors.Is(err, context.Canceled) {
+				if sctx.Err() == nil { // not the end of the run
 					fmt.Printf("lock sampler: %v\n", err)
 				}
 				return
