@@ -144,27 +144,32 @@ func (a *appwriteRun) phase(ctx context.Context, round, pumps int) (appwritePhas
 		LockWaits: float64(waited) / math.Max(1, float64(commits))}, nil
 }
 
-// write runs every writer for the configured duration.
+// write runs every writer for the configured duration: each starts
+// transactions until the duration is over and finishes the one in flight,
+// so every writer commits at least once and no work is thrown away; the
+// phase lasts until the last of them committed.
 func (a *appwriteRun) write(ctx context.Context) (int64, time.Duration, error) {
-	wctx, cancel := context.WithTimeout(ctx, a.c.duration)
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var commits atomic.Int64
 	var firstErr error
 	var once sync.Once
 	var wg sync.WaitGroup
 	start := time.Now()
+	deadline := start.Add(a.c.duration)
 	for w := range a.c.writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for k := 0; wctx.Err() == nil; k++ {
-				err := a.writeOne(wctx, w, k)
-				if err != nil {
-					if wctx.Err() != nil {
-						return
+			for k := 0; k == 0 || time.Now().Before(deadline); k++ {
+				if wctx.Err() != nil {
+					return
+				}
+				if err := a.writeOne(wctx, w, k); err != nil {
+					if wctx.Err() == nil {
+						once.Do(func() { firstErr = err })
+						cancel()
 					}
-					once.Do(func() { firstErr = err })
-					cancel()
 					return
 				}
 				commits.Add(1)
@@ -172,6 +177,9 @@ func (a *appwriteRun) write(ctx context.Context) (int64, time.Duration, error) {
 		}()
 	}
 	wg.Wait()
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
 	return commits.Load(), time.Since(start), firstErr
 }
 

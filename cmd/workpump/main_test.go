@@ -241,7 +241,7 @@ func TestCLI_PostgresCommands(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("bench on Postgres: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	r = runCLI(t, env, "bench", "--schema", schema, "--mode", "appwrite", "--rounds", "2", "--duration", "300ms", "--writers", "2", "--json")
+	r = runCLI(t, env, "bench", "--schema", schema, "--mode", "appwrite", "--rounds", "2", "--duration", "1ms", "--writers", "2", "--json")
 	if r.code != 0 {
 		t.Fatalf("bench --mode appwrite: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -254,8 +254,10 @@ func TestCLI_PostgresCommands(t *testing.T) {
 		t.Fatalf("appwrite JSON = %+v, want both rates, their ratio and 4 phases", aw)
 	}
 	for i, ph := range aw.Phases {
-		if ph.Round != i/2+1 || ph.Commits <= 0 {
-			t.Fatalf("appwrite phase %d = %+v", i, ph)
+		// Each writer finishes the transaction it started, however short
+		// the phase: at least one commit each.
+		if ph.Round != i/2+1 || ph.Commits < 2 {
+			t.Fatalf("appwrite phase %d = %+v, want round %d and a commit per writer at least", i, ph, i/2+1)
 		}
 	}
 	if aw.Phases[0].Pumps+aw.Phases[1].Pumps != 1 || aw.Phases[0].Pumps == aw.Phases[2].Pumps {
