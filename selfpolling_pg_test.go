@@ -663,70 +663,23 @@ func TestSelfPollingPG_TrickleAroundLinger(t *testing.T) {
 	}
 }
 
-// Instances come and go (graceful stops, new ids) while a flow keeps
-// periods running on each: every stream is handled in order with no gap,
-// and nothing waits long after the flow stops.
+// TestSelfPollingPG_ChurnOrder: three pumps, one replaced every 400 ms,
+// while 12 streams flow: per stream, items are handled in order, never two
+// at a time, none lost, and nothing waits long after the flow stops.
 func TestSelfPollingPG_ChurnOrder(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	pool, app := attackPool(t, 8), attackPool(t, 8)
 	c := attackCoordinator(t, pool, schema)
-	const streams = 12
-	var mu sync.Mutex
-	handledSeq := map[string][]int{}
-	inFlight := map[string]bool{}
-	var overlaps atomic.Int32
-	pk := newPickups()
-	handler := func(ctx context.Context, w workpump.Work) error {
-		var n int
-		fmt.Sscanf(string(w.Payload), "%d", &n)
-		mu.Lock()
-		if inFlight[w.StreamID] {
-			overlaps.Add(1)
-		}
-		inFlight[w.StreamID] = true
-		mu.Unlock()
-		time.Sleep(time.Duration(n%3) * time.Millisecond)
-		mu.Lock()
-		inFlight[w.StreamID] = false
-		handledSeq[w.StreamID] = append(handledSeq[w.StreamID], n)
-		mu.Unlock()
-		return pk.handle(ctx, w)
-	}
+	f := newStreamFlow("c", 12)
 	newPump := func() *workpump.Pump {
 		opts := attackOptions(uuid.Nil)
 		opts.Concurrency = 4
-		return startAttackPump(t, attackCoordinator(t, pool, schema), opts, handler)
+		return startAttackPump(t, attackCoordinator(t, pool, schema), opts, f.handle)
 	}
 	pumps := []*workpump.Pump{newPump(), newPump(), newPump()}
 	deadline := time.Now().Add(6 * time.Second)
-	var wg sync.WaitGroup
-	var enqueued [streams]int
-	for s := range streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; time.Now().Before(deadline); i++ {
-				tx, err := app.Begin(context.Background())
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				ids, err := c.EnqueueTx(context.Background(), tx, []driver.NewWork{{Category: driver.Outbox, StreamID: fmt.Sprintf("c%02d", s), Payload: []byte(fmt.Sprint(i))}})
-				if err == nil {
-					err = tx.Commit(context.Background())
-				}
-				if err != nil {
-					_ = tx.Rollback(context.Background())
-					t.Error(err)
-					return
-				}
-				pk.commit(ids, time.Now())
-				enqueued[s] = i + 1
-				time.Sleep(time.Duration(5+s*3) * time.Millisecond)
-			}
-		}()
-	}
+	wg := f.feed(t, app, c, deadline, false)
 	for time.Now().Before(deadline) {
 		time.Sleep(400 * time.Millisecond)
 		i := rand.IntN(len(pumps))
@@ -734,31 +687,7 @@ func TestSelfPollingPG_ChurnOrder(t *testing.T) {
 		pumps[i] = newPump()
 	}
 	wg.Wait()
-	flowEnd := time.Now()
-	pgWait(t, 20*time.Second, "every item handled", func() bool {
-		_, _, missing := pk.worst()
-		return missing == 0
-	})
-	tail := time.Since(flowEnd)
-	mu.Lock()
-	defer mu.Unlock()
-	for s := range streams {
-		name := fmt.Sprintf("c%02d", s)
-		got := slices.Compact(slices.Clone(handledSeq[name]))
-		for i, n := range got {
-			if n != i {
-				t.Fatalf("stream %s handled out of order or with a gap at %d: %v", name, i, handledSeq[name])
-			}
-		}
-		if len(got) != enqueued[s] {
-			t.Fatalf("stream %s: %d distinct items handled, %d enqueued", name, len(got), enqueued[s])
-		}
-	}
-	if overlaps.Load() > 0 {
-		t.Fatalf("%d overlapping handler runs within a stream", overlaps.Load())
-	}
-	w, id, _ := pk.worst()
-	t.Logf("items %d, tail after the flow %v, worst pickup %v (%s)", pk.count(), tail, w, id)
+	f.check(t, time.Now())
 }
 
 func (p *pickups) count() int {
@@ -912,4 +841,112 @@ func TestSelfPollingPG_PollSessionKilledWithOpenSkippedTx(t *testing.T) {
 			}
 		})
 	}
+}
+
+// streamFlow feeds numbered items to streams from application
+// transactions and records how the pumps handle them: per stream the
+// handled sequence, and overlapping runs.
+type streamFlow struct {
+	prefix  string
+	streams int
+	pk      *pickups
+
+	mu       sync.Mutex
+	seq      map[string][]int
+	inFlight map[string]bool
+	overlaps atomic.Int32
+	enqueued []atomic.Int32
+}
+
+func newStreamFlow(prefix string, streams int) *streamFlow {
+	return &streamFlow{prefix: prefix, streams: streams, pk: newPickups(),
+		seq: map[string][]int{}, inFlight: map[string]bool{}, enqueued: make([]atomic.Int32, streams)}
+}
+
+func (f *streamFlow) stream(s int) string { return fmt.Sprintf("%s%02d", f.prefix, s) }
+
+// handle records the item, taking up to 2 ms.
+func (f *streamFlow) handle(ctx context.Context, w workpump.Work) error {
+	var n int
+	fmt.Sscanf(string(w.Payload), "%d", &n)
+	f.mu.Lock()
+	if f.inFlight[w.StreamID] {
+		f.overlaps.Add(1)
+	}
+	f.inFlight[w.StreamID] = true
+	f.mu.Unlock()
+	time.Sleep(time.Duration(n%3) * time.Millisecond)
+	f.mu.Lock()
+	f.inFlight[w.StreamID] = false
+	f.seq[w.StreamID] = append(f.seq[w.StreamID], n)
+	f.mu.Unlock()
+	return f.pk.handle(ctx, w)
+}
+
+// feed enqueues to every stream until deadline, one item per transaction,
+// stream s every 4+2s ms; with hold, every third stream keeps its
+// transaction open up to 40 ms after the enqueue. It returns at once; wait
+// for the returned group.
+func (f *streamFlow) feed(t *testing.T, app *pgxpool.Pool, c *pgxdriver.Coordinator, deadline time.Time, hold bool) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for s := range f.streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(deadline); i++ {
+				tx, err := app.Begin(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ids, err := c.EnqueueTx(context.Background(), tx, []driver.NewWork{{Category: driver.Outbox, StreamID: f.stream(s), Payload: []byte(fmt.Sprint(i))}})
+				if err == nil {
+					if hold && s%3 == 0 {
+						time.Sleep(time.Duration(i%40) * time.Millisecond)
+					}
+					err = tx.Commit(context.Background())
+				}
+				if err != nil {
+					_ = tx.Rollback(context.Background())
+					t.Error(err)
+					return
+				}
+				f.pk.commit(ids, time.Now())
+				f.enqueued[s].Store(int32(i + 1))
+				time.Sleep(time.Duration(4+s*2) * time.Millisecond)
+			}
+		}()
+	}
+	return &wg
+}
+
+// check waits until every item was handled, then requires each stream's
+// items handled in order, without a gap, none lost, and no two of a stream
+// at once; it logs the tail after the flow and the worst pickup.
+func (f *streamFlow) check(t *testing.T, flowEnd time.Time) {
+	t.Helper()
+	pgWait(t, 30*time.Second, "every item handled", func() bool {
+		_, _, missing := f.pk.worst()
+		return missing == 0
+	})
+	tail := time.Since(flowEnd)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for s := range f.streams {
+		name := f.stream(s)
+		got := slices.Compact(slices.Clone(f.seq[name]))
+		for i, n := range got {
+			if n != i {
+				t.Fatalf("stream %s handled out of order or with a gap at %d: %v", name, i, f.seq[name])
+			}
+		}
+		if len(got) != int(f.enqueued[s].Load()) {
+			t.Fatalf("stream %s: %d distinct items handled, %d enqueued", name, len(got), f.enqueued[s].Load())
+		}
+	}
+	if f.overlaps.Load() > 0 {
+		t.Fatalf("%d overlapping handler runs within a stream", f.overlaps.Load())
+	}
+	w, id, _ := f.pk.worst()
+	t.Logf("items %d, tail after the flow %v, worst pickup %v (%s)", f.pk.count(), tail, w, id)
 }

@@ -1,8 +1,9 @@
 package workpump_test
 
-// Second adversarial review of self-polling (start-up period, take-over
-// after a failed hand-shake step, Settled back-off), from the public API.
-// Helpers come from selfpolling_pg_test.go. A pickup slower than
+// Self-polling's recovery paths from the public API: the start-up period,
+// the take-over and the owed period after a failed hand-shake step, the
+// Settled back-off, sessions and the database lost, pumps started and
+// stopped in cycles. Helpers come from selfpolling_pg_test.go. A pickup slower than
 // lateWakeup while the listener is up counts as a late wake-up.
 
 import (
@@ -12,11 +13,9 @@ import (
 	"io"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,7 +110,7 @@ func myPGClientPorts(t *testing.T) map[int]bool {
 // a database restart or failover looks like this) while a skipped enqueue
 // of the application is open. Once the pump is back, the item is picked
 // up at once when it commits.
-func TestSelfPollingPG2_AllSessionsKilled(t *testing.T) {
+func TestSelfPollingPG_AllSessionsKilled(t *testing.T) {
 	t.Parallel()
 	for _, during := range []string{"polling", "handshake"} {
 		t.Run(during, func(t *testing.T) {
@@ -187,7 +186,7 @@ func taggedPIDs(t *testing.T, pool *pgxpool.Pool, app string) []int {
 // stopped in the middle of their start-up period: no session or lock is
 // left behind, and the listener/poll sessions stay bounded (two per live
 // pump).
-func TestSelfPollingPG2_StartStopCyclesLeaveNothing(t *testing.T) {
+func TestSelfPollingPG_StartStopCyclesLeaveNothing(t *testing.T) {
 	schema, app, c, pk := newSelfPollRig(t)
 	base := myListenerSessions(t, app)
 	var ids []uuid.UUID
@@ -250,7 +249,7 @@ func TestSelfPollingPG2_StartStopCyclesLeaveNothing(t *testing.T) {
 
 // An idle pump, once its start-up period ended, claims only at its
 // safety-net cadence (5 s, doubling): at most one claim in 3 s.
-func TestSelfPollingPG2_IdleAfterStartup(t *testing.T) {
+func TestSelfPollingPG_IdleAfterStartup(t *testing.T) {
 	t.Parallel()
 	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
@@ -277,7 +276,7 @@ func TestSelfPollingPG2_IdleAfterStartup(t *testing.T) {
 // (Settled back-off), and new traffic arrives meanwhile: lone items, and
 // bursts above the period threshold. Every new item is prompt; the long
 // one is prompt at its commit; afterwards the pump goes quiet.
-func TestSelfPollingPG2_SettledWaitWithNewTraffic(t *testing.T) {
+func TestSelfPollingPG_SettledWaitWithNewTraffic(t *testing.T) {
 	t.Parallel()
 	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
@@ -326,7 +325,7 @@ func TestSelfPollingPG2_SettledWaitWithNewTraffic(t *testing.T) {
 // Rates around the threshold (5 items within 50 ms): pairs of bursts of 4
 // items, gaps just above and below the linger, items committed in app
 // transactions that sometimes stay open across a period end. Nothing late.
-func TestSelfPollingPG2_ThresholdBursts(t *testing.T) {
+func TestSelfPollingPG_ThresholdBursts(t *testing.T) {
 	t.Parallel()
 	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
@@ -370,7 +369,7 @@ func TestSelfPollingPG2_ThresholdBursts(t *testing.T) {
 // Pump.Stop while the period waits in Settled for an open skipped enqueue:
 // Stop is prompt, the period's locks and session go, and the open enqueue
 // still commits (it is not blocked by anything the pump left behind).
-func TestSelfPollingPG2_StopDuringSettledWait(t *testing.T) {
+func TestSelfPollingPG_StopDuringSettledWait(t *testing.T) {
 	t.Parallel()
 	schema, app, c, pk := newSelfPollRig(t)
 	p, err := workpump.New(c, attackOptions(uuid.Nil))
@@ -419,70 +418,19 @@ func TestSelfPollingPG2_StopDuringSettledWait(t *testing.T) {
 // new one) while their poll sessions are killed now and then, under a flow
 // on many streams: per stream, items are handled in order, never two at a
 // time, none lost, and none late once the flow ends.
-func TestSelfPollingPG2_TwoPumpsChurnAndKills(t *testing.T) {
+func TestSelfPollingPG_TwoPumpsChurnAndKills(t *testing.T) {
 	t.Parallel()
 	schema, app, c, _ := newSelfPollRig(t)
-	const streams = 10
-	var mu sync.Mutex
-	seq := map[string][]int{}
-	inFlight := map[string]bool{}
-	var overlaps atomic.Int32
-	pk := newPickups()
-	handler := func(ctx context.Context, w workpump.Work) error {
-		var n int
-		fmt.Sscanf(string(w.Payload), "%d", &n)
-		mu.Lock()
-		if inFlight[w.StreamID] {
-			overlaps.Add(1)
-		}
-		inFlight[w.StreamID] = true
-		mu.Unlock()
-		time.Sleep(time.Duration(n%2) * time.Millisecond)
-		mu.Lock()
-		inFlight[w.StreamID] = false
-		seq[w.StreamID] = append(seq[w.StreamID], n)
-		mu.Unlock()
-		return pk.handle(ctx, w)
-	}
+	f := newStreamFlow("s", 10)
 	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
 	start := func(i int) *workpump.Pump {
 		opts := attackOptions(ids[i])
 		opts.Concurrency = 4
-		return startAttackPump(t, c, opts, handler)
+		return startAttackPump(t, c, opts, f.handle)
 	}
 	pumps := []*workpump.Pump{start(0), start(1)}
-	ac := attackCoordinator(t, app, schema)
 	deadline := time.Now().Add(6 * time.Second)
-	var wg sync.WaitGroup
-	var enqueued [streams]atomic.Int32
-	for s := range streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; time.Now().Before(deadline); i++ {
-				tx, err := app.Begin(context.Background())
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				ids, err := ac.EnqueueTx(context.Background(), tx, []driver.NewWork{{Category: driver.Outbox, StreamID: fmt.Sprintf("s%02d", s), Payload: []byte(fmt.Sprint(i))}})
-				if err == nil {
-					if s%3 == 0 {
-						time.Sleep(time.Duration(i%40) * time.Millisecond)
-					}
-					err = tx.Commit(context.Background())
-				}
-				if err != nil {
-					_ = tx.Rollback(context.Background())
-					t.Error(err)
-					return
-				}
-				pk.commit(ids, time.Now())
-				enqueued[s].Store(int32(i + 1))
-				time.Sleep(time.Duration(4+s*2) * time.Millisecond)
-			}
-		}()
-	}
+	wg := f.feed(t, app, attackCoordinator(t, app, schema), deadline, true)
 	for k := 0; time.Now().Before(deadline); k++ {
 		time.Sleep(300 * time.Millisecond)
 		i := k % 2
@@ -501,31 +449,7 @@ func TestSelfPollingPG2_TwoPumpsChurnAndKills(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	flowEnd := time.Now()
-	pgWait(t, 30*time.Second, "every item handled", func() bool {
-		_, _, missing := pk.worst()
-		return missing == 0
-	})
-	tail := time.Since(flowEnd)
-	mu.Lock()
-	defer mu.Unlock()
-	for s := range streams {
-		name := fmt.Sprintf("s%02d", s)
-		got := slices.Compact(slices.Clone(seq[name]))
-		for i, n := range got {
-			if n != i {
-				t.Fatalf("stream %s out of order or with a gap at %d: %v", name, i, seq[name])
-			}
-		}
-		if len(got) != int(enqueued[s].Load()) {
-			t.Fatalf("stream %s: %d distinct handled, %d enqueued", name, len(got), enqueued[s].Load())
-		}
-	}
-	if overlaps.Load() > 0 {
-		t.Fatalf("%d overlapping handler runs within a stream", overlaps.Load())
-	}
-	w, id, _ := pk.worst()
-	t.Logf("items %d, tail %v, worst pickup %v (%s)", pk.count(), tail, w, id)
+	f.check(t, time.Now())
 }
 
 // myListenerPIDs returns the pids of this process's sessions named like a
@@ -555,13 +479,13 @@ func myListenerPIDs(t *testing.T, app *pgxpool.Pool) []int {
 	return pids
 }
 
-// TestSelfPollingPG2_TakeOverSessionKilledToo: the poll session of a
+// TestSelfPollingPG_TakeOverSessionKilledToo: the poll session of a
 // period waiting for an open skipped enqueue dies, and so does the session
 // of the period that took the hand-shake over. A period is then owed and
 // begins at the next claim, so the item is picked up as soon as it commits.
 // Not parallel: the take-over's session is found among this process's
 // listener-named sessions.
-func TestSelfPollingPG2_TakeOverSessionKilledToo(t *testing.T) {
+func TestSelfPollingPG_TakeOverSessionKilledToo(t *testing.T) {
 	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 	stop := feeder(t, c, pk, "feed")
@@ -660,12 +584,12 @@ func (p *cutProxy) heal() {
 	p.mu.Unlock()
 }
 
-// TestSelfPollingPG2_DatabaseBrieflyUnreachable: the pump's connections
+// TestSelfPollingPG_DatabaseBrieflyUnreachable: the pump's connections
 // (pool, listener, poll session) are cut for a second while its period
 // waits for an open skipped enqueue, so the take-over cannot dial. The
 // period owed begins once the listener is back, and the item is picked up
 // as soon as it commits.
-func TestSelfPollingPG2_DatabaseBrieflyUnreachable(t *testing.T) {
+func TestSelfPollingPG_DatabaseBrieflyUnreachable(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	cfg := pgtest.Config(t, pgx.QueryExecModeCacheStatement)
