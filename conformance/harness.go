@@ -67,6 +67,12 @@ const (
 	// renewed leases (their rows locked until the call ends). A store whose
 	// renewal is one atomic step holds the call before that step.
 	PauseRenewAfterUpdate PausePoint = "renew.after_update"
+	// PauseDeadLettersAfterLock is inside RetryDeadLetters and
+	// DiscardDeadLetters, after the action locked the dead letters it
+	// matched and before it checks or changes anything. Operator actions
+	// belong to no instance: it is armed with uuid.Nil. A store whose
+	// action is one atomic step holds the call before that step.
+	PauseDeadLettersAfterLock PausePoint = "dead_letters.after_lock"
 )
 
 // Pauser holds one instance's calls at a pause point.

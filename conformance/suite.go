@@ -101,6 +101,7 @@ func allCases() []testCase {
 		wakeupCases(),
 		inspectorCases(),
 		purgeCases(),
+		deadLetterCases(),
 		concurrencyCases(),
 		raceCases(),
 		livenessCases(),

@@ -182,6 +182,9 @@ type DeadLetter struct {
 	Work
 	Error          string
 	DeadLetteredAt time.Time
+	// Number is the store's number of the dead letter, increasing in the
+	// order dead letters were recorded: the cursor of FindDeadLetters.
+	Number int64
 }
 
 // StreamOwner is one stream ownership row.

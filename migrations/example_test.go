@@ -29,6 +29,7 @@ func ExampleRender() {
 	// 0006_lease_fences: creates wp_ objects in "shop": true
 	// 0007_named_parts: creates wp_ objects in "shop": true
 	// 0008_wakeup_pauses: creates wp_ objects in "shop": true
+	// 0009_dead_letter_ops: creates wp_ objects in "shop": true
 	// true
 }
 

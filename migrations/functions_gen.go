@@ -6,8 +6,9 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 8,
+	version: 9,
 	list: []InstalledFunction{
+		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "9126a194ac0d4365cc2e495ce2e27dc2"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
 		{Signature: "wp_channel(uuid)", Checksum: "be4f6d9974039587cc8205af6103bd0f"},
 		{Signature: "wp_claim_lock_rows(text, uuid[], tid[], bigint[], text[], text[], boolean, text[], timestamp with time zone)", Checksum: "79663683649f9efb6aa737773bd0f6bb"},
@@ -19,6 +20,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_enqueue(text[], uuid[], text[], integer[], text[], text[], bytea[], text[], timestamp with time zone[], timestamp with time zone, boolean)", Checksum: "aadcbd87f9cb661c38ad9e91c75b5f3a"},
 		{Signature: "wp_enqueue_prepare(text[], text[], integer[], timestamp with time zone[], timestamp with time zone)", Checksum: "e59fd16fb959fede831097ad1070a99a"},
 		{Signature: "wp_fail(uuid, text[], uuid[], integer[], text[], bigint[], integer, bigint, bigint, timestamp with time zone)", Checksum: "dbd3c0c0db08e56b8762962ec635479a"},
+		{Signature: "wp_find_dead_letters(text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], bigint, integer)", Checksum: "211bb250407aaf7798558206f1d44bba"},
 		{Signature: "wp_get_stream_owner(text)", Checksum: "e0ff259964ccc945f3ce2a884dd5fa75"},
 		{Signature: "wp_get_work(text, uuid)", Checksum: "7b076788e977258542360d1da4e92ae6"},
 		{Signature: "wp_held_alive_locks(uuid[])", Checksum: "57da40ae1fb5f5cdc7e2758e7c790cb3"},

@@ -26,7 +26,7 @@ type benchConfig struct {
 	n, instances, streams, concurrency int
 	batch, maxInFlight, repeat         int
 	writers, rounds                    int
-	handlerTx                          bool
+	handlerTx, bareConsumer            bool
 	mode                               string
 	rate                               int
 	duration, warmup                   time.Duration
@@ -46,6 +46,7 @@ type benchResult struct {
 	Runs               int     `json:"runs,omitempty"` // set on the summary line of --repeat: the fields are medians
 	AsyncClaims        bool    `json:"async_claims,omitempty"`
 	NoSelfPolling      bool    `json:"no_self_polling,omitempty"`
+	BareConsumer       bool    `json:"bare_consumer,omitempty"` // appwrite: the pump phases ran the bare consumer instead
 	Seconds            float64 `json:"seconds"`
 	ItemsPerSec        float64 `json:"items_per_sec"`
 	EnqueueItemsPerSec float64 `json:"enqueue_items_per_sec,omitempty"`
@@ -82,6 +83,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.mode, "mode", "burndown", "burndown (drain N items), continuous (enqueue at --rate, measure pickup latency), idle (count what idle instances write for --duration) or appwrite (Postgres: the application's write rate with and without pumps draining)")
 	fs.IntVar(&c.writers, "writers", 8, "appwrite: application sessions, each committing order row + EnqueueTx transactions in a loop")
 	fs.IntVar(&c.rounds, "rounds", 5, "appwrite: rounds, each one phase of --duration without a pump and one with --instances pumps, alternating which goes first")
+	fs.BoolVar(&c.bareConsumer, "bare-consumer", false, "appwrite: instead of pumps, one session that every 2 ms leases up to 500 ready rows (UPDATE ... FOR UPDATE SKIP LOCKED) and deletes them: the floor of what any lease-based consumer costs the writers, without ordering or ownership")
 	fs.BoolVar(&c.handlerTx, "handler-tx", false, "appwrite: handlers complete each item in a transaction of their own (CompleteDeliveryTx) with a row of their own")
 	fs.IntVar(&c.rate, "rate", 1000, "continuous: items per second, one per transaction")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue; idle: how long to idle")
@@ -104,6 +106,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--mode: %q, want burndown, continuous, idle or appwrite", c.mode)
 	case c.mode == "appwrite" && c.databaseURL == "":
 		return usagef("--mode appwrite measures Postgres commits; give --database-url")
+	case c.bareConsumer && c.mode != "appwrite":
+		return usagef("--bare-consumer: only --mode appwrite has it")
+	case c.bareConsumer && (c.handlerTx || c.instances != 1):
+		return usagef("--bare-consumer replaces the pumps: it takes neither --handler-tx nor --instances")
 	case c.writers <= 0:
 		return usagef("--writers must be > 0")
 	case c.rounds <= 0:
@@ -194,7 +200,7 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 	if err != nil {
 		return benchResult{}, err
 	}
-	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.NoSelfPolling = c.mode, be.name(), c.instances, c.asyncClaims, c.noSelfPolling
+	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.NoSelfPolling, res.BareConsumer = c.mode, be.name(), c.instances, c.asyncClaims, c.noSelfPolling, c.bareConsumer
 	return res, nil
 }
 

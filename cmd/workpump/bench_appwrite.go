@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -43,8 +44,8 @@ type appwritePhase struct {
 // start and drain what the previous phase left, writers paused, so the
 // phase measures pumps keeping up with the writers, not a backlog.
 func appwrite(ctx context.Context, c benchConfig, be *pgBenchBackend, out io.Writer) (benchResult, error) {
-	fmt.Fprintf(out, "appwrite on %s: %d writers (order row + EnqueueTx per transaction), %d round(s) of %v without a pump and %v with %d pump(s) draining%s\n",
-		be.name(), c.writers, c.rounds, c.duration, c.duration, c.instances, map[bool]string{true: ", handlers complete in their own transaction"}[c.handlerTx])
+	fmt.Fprintf(out, "appwrite on %s: %d writers (order row + EnqueueTx per transaction), %d round(s) of %v without a pump and %v with %s draining%s\n",
+		be.name(), c.writers, c.rounds, c.duration, c.duration, consumerName(c, c.instances), map[bool]string{true: ", handlers complete in their own transaction"}[c.handlerTx])
 	s := pgx.Identifier{be.schema}.Sanitize()
 	if _, err := be.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s+`.app_orders (id bigserial PRIMARY KEY, customer text NOT NULL, amount integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
 		CREATE TABLE IF NOT EXISTS `+s+`.app_projection (order_item uuid PRIMARY KEY, handled_at timestamptz NOT NULL DEFAULT now())`); err != nil {
@@ -77,11 +78,22 @@ func appwrite(ctx context.Context, c benchConfig, be *pgBenchBackend, out io.Wri
 				return benchResult{}, err
 			}
 			phases = append(phases, ph)
-			fmt.Fprintf(out, "round %d, %d pump(s): %d commits, %.0f tx/s, commits seen waiting on a lock: %.1f %%\n",
-				r+1, pumps, ph.Commits, ph.TxPerSec, 100*ph.LockWaits)
+			fmt.Fprintf(out, "round %d, %s: %d commits, %.0f tx/s, commits seen waiting on a lock: %.1f %%\n",
+				r+1, consumerName(c, pumps), ph.Commits, ph.TxPerSec, 100*ph.LockWaits)
 		}
 	}
 	return a.summary(phases), nil
+}
+
+// consumerName names what drains in a phase with pumps pumps.
+func consumerName(c benchConfig, pumps int) string {
+	switch {
+	case pumps == 0:
+		return "no pump"
+	case c.bareConsumer:
+		return "the bare consumer"
+	}
+	return fmt.Sprintf("%d pump(s)", pumps)
 }
 
 type appwriteRun struct {
@@ -106,7 +118,11 @@ func (a *appwriteRun) phase(ctx context.Context, round, pumps int) (appwritePhas
 	var stopPumps func()
 	if pumps > 0 {
 		var err error
-		if stopPumps, err = a.startPumps(ctx, pumps); err != nil {
+		start := a.startPumps
+		if a.c.bareConsumer {
+			start = a.startBareConsumer
+		}
+		if stopPumps, err = start(ctx, pumps); err != nil {
 			return appwritePhase{}, err
 		}
 		defer stopPumps()
@@ -263,6 +279,66 @@ func (a *appwriteRun) startPumps(ctx context.Context, n int) (func(), error) {
 	return stop, nil
 }
 
+// startBareConsumer starts the reference consumer of --bare-consumer: one
+// session that, every 2 ms (counted from the start of the previous round),
+// leases up to 500 ready outbox rows in one statement and deletes them in a
+// second, each its own transaction. It keeps no order and no ownership and
+// runs no handler: what is left of a pump when everything that is not a
+// write to the work table is taken away.
+func (a *appwriteRun) startBareConsumer(ctx context.Context, _ int) (func(), error) {
+	t := pgx.Identifier{a.be.schema, "wp_outbox"}.Sanitize()
+	lease := `WITH c AS (SELECT message_id FROM ` + t + ` WHERE processed_at IS NULL AND instance_id IS NULL
+		ORDER BY seq LIMIT 500 FOR UPDATE SKIP LOCKED)
+		UPDATE ` + t + ` o SET claim_count = o.claim_count + 1 FROM c WHERE o.message_id = c.message_id RETURNING o.message_id`
+	del := `DELETE FROM ` + t + ` WHERE message_id = ANY($1)`
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		for cctx.Err() == nil {
+			begun := time.Now()
+			rows, err := a.be.pool.Query(cctx, lease)
+			if err != nil {
+				done <- err
+				return
+			}
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			if err != nil {
+				done <- err
+				return
+			}
+			if len(ids) > 0 {
+				now := time.Now()
+				a.mu.Lock()
+				if a.record {
+					for _, id := range ids {
+						a.started[id] = now
+					}
+				}
+				a.mu.Unlock()
+				if _, err := a.be.pool.Exec(cctx, del, ids); err != nil {
+					done <- err
+					return
+				}
+				a.handled.Add(int64(len(ids)))
+			}
+			select {
+			case <-cctx.Done():
+			case <-time.After(time.Until(begun.Add(2 * time.Millisecond))):
+			}
+		}
+		done <- nil
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+				fmt.Fprintf(a.out, "bare consumer: %v\n", err)
+			}
+		})
+	}, nil
+}
+
 // appwriteOptions are the library's defaults, quiet, plus what the bench's
 // flags ask for.
 func appwriteOptions(c benchConfig) workpump.Options {
@@ -331,8 +407,8 @@ func (a *appwriteRun) summary(phases []appwritePhase) benchResult {
 		pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 		res.P50Ms, res.P99Ms, res.MaxMs = pct(0.50), pct(0.99), lat[len(lat)-1]
 	}
-	fmt.Fprintf(a.out, "median of %d rounds: %.0f tx/s without a pump, %.0f tx/s with %d pump(s) draining: ratio %.2f (rounds %.2f–%.2f)\n",
-		len(ratios), res.NoPumpTxPerSec, res.PumpTxPerSec, a.c.instances, res.Ratio, res.RatioMin, res.RatioMax)
+	fmt.Fprintf(a.out, "median of %d rounds: %.0f tx/s without a pump, %.0f tx/s with %s draining: ratio %.2f (rounds %.2f–%.2f)\n",
+		len(ratios), res.NoPumpTxPerSec, res.PumpTxPerSec, consumerName(a.c, a.c.instances), res.Ratio, res.RatioMin, res.RatioMax)
 	fmt.Fprintf(a.out, "pickup (commit -> handler start) with pumps draining: p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n",
 		res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
 	fmt.Fprintf(a.out, "commits seen waiting on a lock: %.1f %% without a pump, %.1f %% with (pg_stat_activity sampled every %v: a lower bound)\n",

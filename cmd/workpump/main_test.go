@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/workpump/workpump/internal/pgtest"
 )
@@ -76,6 +79,8 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"bench", "--mode", "sprint"}, `--mode: "sprint", want burndown, continuous, idle or appwrite`},
 		{[]string{"bench", "--mode", "appwrite"}, "--mode appwrite measures Postgres commits; give --database-url"},
 		{[]string{"bench", "--writers", "0"}, "--writers must be > 0"},
+		{[]string{"bench", "--bare-consumer"}, "--bare-consumer: only --mode appwrite has it"},
+		{[]string{"bench", "--mode", "appwrite", "--database-url", "postgres://x", "--bare-consumer", "--handler-tx"}, "--bare-consumer replaces the pumps"},
 		{[]string{"bench", "--rounds", "-1"}, "--rounds must be > 0"},
 		{[]string{"bench", "--batch", "0"}, "--batch must be > 0"},
 		{[]string{"bench", "--max-in-flight", "8"}, "--max-in-flight must be >= --concurrency"},
@@ -262,6 +267,26 @@ func TestCLI_PostgresCommands(t *testing.T) {
 	}
 	if aw.Phases[0].Pumps+aw.Phases[1].Pumps != 1 || aw.Phases[0].Pumps == aw.Phases[2].Pumps {
 		t.Fatalf("appwrite phases %+v: each round has one phase with the pump and one without, the order alternating", aw.Phases)
+	}
+	// The bare consumer drains what the writers commit: the bench waits
+	// for every item to be handled, and fails if one is left.
+	r = runCLI(t, env, "bench", "--schema", schema, "--mode", "appwrite", "--bare-consumer", "--reset", "--rounds", "1", "--duration", "20ms", "--writers", "2", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, "with the bare consumer draining") {
+		t.Fatalf("bench --mode appwrite --bare-consumer: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	lines = strings.Split(strings.TrimSpace(r.stdout), "\n")
+	aw = benchResult{}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &aw); err != nil || !aw.BareConsumer || aw.PumpTxPerSec <= 0 || aw.P50Ms < 0 {
+		t.Fatalf("appwrite --bare-consumer JSON = %+v (%v), want the bare consumer's phase", aw, err)
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var left int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{schema, "wp_outbox"}.Sanitize()).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("after the bare consumer: %d outbox rows left (%v), want 0", left, err)
 	}
 	r = runCLI(t, env, "migrate", "down", "--schema", schema)
 	if r.code != 0 || !strings.Contains(r.stdout, "rolled back 0001_") {

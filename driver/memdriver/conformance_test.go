@@ -42,6 +42,9 @@ func (p pauser) Arm(point conformance.PausePoint, id uuid.UUID) (conformance.Pau
 	case conformance.PauseRenewAfterUpdate:
 		reached, release := p.s.HoldRenewals(id)
 		return hold{reached, release}, nil
+	case conformance.PauseDeadLettersAfterLock:
+		reached, release := p.s.HoldDeadLetterActions()
+		return hold{reached, release}, nil
 	}
 	return nil, fmt.Errorf("memdriver: no pause point %q", point)
 }

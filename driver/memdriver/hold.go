@@ -20,6 +20,7 @@ type holdKind int
 const (
 	holdClaim holdKind = iota
 	holdRenew
+	holdDeadLetters
 )
 
 type holdKey struct {
@@ -50,6 +51,15 @@ func (s *Store) HoldRenewals(instanceID uuid.UUID) (reached <-chan struct{}, rel
 	return s.hold(holdKey{holdRenew, instanceID})
 }
 
+// HoldDeadLetterActions makes the next RetryDeadLetters or
+// DiscardDeadLetters call wait, before it reads anything, until release is
+// called; reached is closed once it waits. Later calls pass: an action is
+// one atomic step, so a peer action runs to its end while the first waits,
+// as a Postgres peer on other rows would.
+func (s *Store) HoldDeadLetterActions() (reached <-chan struct{}, release func()) {
+	return s.hold(holdKey{holdDeadLetters, uuid.Nil})
+}
+
 func (s *Store) hold(k holdKey) (reached <-chan struct{}, release func()) {
 	h := &claimHold{reached: make(chan struct{}), released: make(chan struct{})}
 	s.holds.mu.Lock()
@@ -74,6 +84,9 @@ func (s *Store) hold(k holdKey) (reached <-chan struct{}, release func()) {
 func (s *Store) waitHold(ctx context.Context, kind holdKind, instanceID uuid.UUID) error {
 	s.holds.mu.Lock()
 	h := s.holds.by[holdKey{kind, instanceID}]
+	if h != nil && kind == holdDeadLetters { // one call only
+		delete(s.holds.by, holdKey{kind, instanceID})
+	}
 	s.holds.mu.Unlock()
 	if h == nil {
 		return nil

@@ -55,7 +55,8 @@ type Store struct {
 	streams     streamTable
 	instances   map[uuid.UUID]*instanceRow
 	live        []uuid.UUID // registered instance ids in UUID byte order (rank order)
-	deadLetters []driver.DeadLetter
+	deadLetters []driver.DeadLetter // in Number order
+	deadSeq     int64               // the last dead letter's Number
 	holds       claimHolds
 
 	subs     map[uuid.UUID][]*subscription

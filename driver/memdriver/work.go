@@ -46,18 +46,27 @@ func (s *Store) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUI
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	s.insertLocked(rows, s.now())
+	return ids, nil
+}
+
+// insertLocked inserts rows whose id is not in their category yet, as
+// Enqueue does, wakes the instances that will claim the due ones, and
+// reports which it inserted. s.mu is held.
+func (s *Store) insertLocked(rows []row, now time.Time) []bool {
 	type wake struct {
 		to uuid.UUID
 		c  driver.Category
 	}
 	var wakes []wake
+	inserted := make([]bool, len(rows))
 	for i := range rows {
 		r := &rows[i]
 		c := s.cat(r.w.Category)
 		if _, exists := c.rows[r.w.ID]; exists {
 			continue
 		}
+		inserted[i] = true
 		r.w.CreatedAt = now
 		c.insert(r, now)
 		if r.w.ScheduledFor.After(now) {
@@ -81,7 +90,7 @@ func (s *Store) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUI
 	for _, w := range wakes {
 		s.deliver(w.to, driver.Signal{Kind: driver.SignalWork, Category: w.c})
 	}
-	return ids, nil
+	return inserted
 }
 
 // ClaimWork leases claimable rows to req.InstanceID: per category, the
@@ -354,7 +363,8 @@ func (s *Store) Fail(ctx context.Context, req driver.FailRequest) (driver.AckRes
 		s.settle(r, req.InstanceID)
 		res.Applied++
 		if r.w.Attempts >= req.MaxAttempts {
-			s.deadLetters = append(s.deadLetters, driver.DeadLetter{Work: r.w, Error: msg, DeadLetteredAt: now})
+			s.deadSeq++
+			s.deadLetters = append(s.deadLetters, driver.DeadLetter{Work: r.w, Error: msg, DeadLetteredAt: now, Number: s.deadSeq})
 			c.drop(r)
 			c.unpend(r, now)
 			res.DeadLettered = append(res.DeadLettered, f.Ref)

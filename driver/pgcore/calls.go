@@ -35,7 +35,8 @@ var (
 	callPurge          = call{"wp_purge", []string{"bigint", "bigint", "bigint", "timestamptz"}, true}
 	callGetWork        = call{"wp_get_work", []string{"text", "uuid"}, true}
 	callInstanceStates = call{"wp_instance_states", nil, true}
-	callListDead       = call{"wp_list_dead_letters", []string{"integer"}, true}
+	callFindDead       = call{"wp_find_dead_letters", []string{"text", "text", "text", "text", "timestamptz", "timestamptz", "uuid[]", "bigint", "integer"}, true}
+	callActDead        = call{"wp_act_on_dead_letters", []string{"text", "text", "text", "text", "text", "timestamptz", "timestamptz", "uuid[]", "boolean", "timestamptz"}, true}
 	callStreamOwner    = call{"wp_get_stream_owner", []string{"text"}, true}
 	callStats          = call{"wp_stats", []string{"timestamptz"}, true}
 	callStatsLeases    = call{"wp_stats_leases", []string{"timestamptz"}, true}
@@ -148,7 +149,8 @@ type statements struct {
 	enqueue, enqueuePrepare, completeInTx          string
 	claim, renew, complete, fail, release          string
 	heartbeat, cleanup, deregister, purge          string
-	getWork, listInstances, listDead, streamOwner  string
+	getWork, listInstances, findDead, streamOwner  string
+	actDead                                        string
 	stats, statsLeases, deadCount, version, counts string
 	functions                                      string // migrations.FunctionsSQL
 	copyInto                                       copyStatements
@@ -181,7 +183,8 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 		purge:          callPurge.sql(schema, ph),
 		getWork:        callGetWork.sql(schema, ph),
 		listInstances:  callInstanceStates.sql(schema, ph),
-		listDead:       callListDead.sql(schema, ph),
+		findDead:       callFindDead.sql(schema, ph),
+		actDead:        callActDead.sql(schema, ph),
 		streamOwner:    callStreamOwner.sql(schema, ph),
 		stats:          callStats.sql(schema, ph),
 		statsLeases:    callStatsLeases.sql(schema, ph),

@@ -92,45 +92,6 @@ func (c *Core) ListInstances(ctx context.Context) ([]driver.InstanceState, error
 	return out, nil
 }
 
-// ListDeadLetters returns dead letters oldest first; limit <= 0 means all.
-func (c *Core) ListDeadLetters(ctx context.Context, limit int) ([]driver.DeadLetter, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	rows, err := c.db.Query(ctx, c.sql.listDead, int32(max(min(limit, 1<<31-1), 0)))
-	if err != nil {
-		return nil, c.mapError("ListDeadLetters", err)
-	}
-	defer rows.Close()
-	out := []driver.DeadLetter{}
-	for rows.Next() {
-		var (
-			d              driver.DeadLetter
-			cat            string
-			part, att      int32
-			meta           []byte
-			sched, created sql.NullTime
-			at             time.Time
-		)
-		if err := rows.Scan(&cat, &d.ID, &d.StreamID, &part, &d.Name, &d.MessageType, &d.Payload, &meta, &att, &d.Seq,
-			&sched, &created, &d.Error, &at); err != nil {
-			return nil, c.mapError("ListDeadLetters", err)
-		}
-		d.Category = driver.Category(cat)
-		d.Partition = int(part)
-		d.Attempts = int(att)
-		d.Metadata = json.RawMessage(meta)
-		d.ScheduledFor = nullTime(sched)
-		d.CreatedAt = nullTime(created)
-		d.DeadLetteredAt = at.UTC()
-		out = append(out, d)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, c.mapError("ListDeadLetters", err)
-	}
-	return out, nil
-}
-
 // GetStreamOwner returns a stream's ownership row once the stream has been
 // claimed; InstanceID and LeaseExpiry are zero after its owner released it,
 // was evicted or deregistered.
