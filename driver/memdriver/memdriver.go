@@ -54,7 +54,7 @@ type Store struct {
 	cats        [4]*catStore
 	streams     streamTable
 	instances   map[uuid.UUID]*instanceRow
-	live        []uuid.UUID // registered instance ids in UUID byte order (rank order)
+	live        []uuid.UUID         // registered instance ids in UUID byte order (rank order)
 	deadLetters []driver.DeadLetter // in Number order
 	deadSeq     int64               // the last dead letter's Number
 	holds       claimHolds
