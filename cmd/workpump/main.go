@@ -4,6 +4,7 @@
 //	workpump demo    [flags]   3 instances on the in-memory driver (or Postgres), one killed mid-run
 //	workpump migrate up|down|status --database-url URL [--schema S]
 //	workpump status  --database-url URL [--schema S] [--json]
+//	workpump dead    list|show|retry|discard --database-url URL [--schema S] [filter flags] [--json]
 //	workpump bench   [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--repeat N] [--json]
 //
 // Exit status: 0 success, 1 failure, 2 usage error.
@@ -37,6 +38,7 @@ func commands() []command {
 		{"demo", "run 3 pump instances on the in-memory driver (or --database-url), kill one, verify nothing was lost", runDemo},
 		{"migrate", "apply, roll back or show the Postgres schema migrations", runMigrate},
 		{"status", "show live instances, backlog and dead letters of a Postgres schema", runStatus},
+		{"dead", "list, show, retry or discard dead letters", runDead},
 		{"bench", "measure burn-down throughput or pickup latency", runBench},
 	}
 }

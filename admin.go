@@ -1,0 +1,111 @@
+package workpump
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+
+	"github.com/workpump/workpump/driver"
+)
+
+// The types of the operator's calls, re-exported from package driver.
+type (
+	// DeadLetter is an item moved out of its category after its last
+	// allowed attempt failed, with the error and when.
+	DeadLetter = driver.DeadLetter
+	// DeadLetterFilter selects dead letters; set fields must all match.
+	DeadLetterFilter = driver.DeadLetterFilter
+	// DeadLetterQuery asks for one page of dead letters.
+	DeadLetterQuery = driver.DeadLetterQuery
+	// DeadLetterPage is one page of dead letters and the next page's cursor.
+	DeadLetterPage = driver.DeadLetterPage
+	// DeadLetterAction is a retry or discard: a filter, or All, and DryRun.
+	DeadLetterAction = driver.DeadLetterAction
+	// DeadLetterActionResult reports what a retry or discard touched.
+	DeadLetterActionResult = driver.DeadLetterActionResult
+	// IDsError names the ids of an action that are not dead letters; the
+	// action changed nothing.
+	IDsError = driver.IDsError
+)
+
+// ErrNotDeadLettered is wrapped by the *IDsError of an action whose IDs
+// name items that are not dead letters. It wraps ErrInvalidArgument.
+var ErrNotDeadLettered = driver.ErrNotDeadLettered
+
+// Admin is the operator's side of a store: what the workpump command's
+// operations do, for programs of your own. It needs no running Pump and
+// acts on every instance's work.
+type Admin struct {
+	dead driver.DeadLetterOperator
+}
+
+// NewAdmin returns the Admin of coord. It fails when the driver does not
+// implement the operations (every driver of this module does).
+func NewAdmin(coord Coordinator) (*Admin, error) {
+	if coord == nil {
+		return nil, invalid("NewAdmin", "coord is nil")
+	}
+	dead, ok := coord.(driver.DeadLetterOperator)
+	if !ok {
+		return nil, invalid("NewAdmin", "%T does not implement driver.DeadLetterOperator", coord)
+	}
+	return &Admin{dead: dead}, nil
+}
+
+// DeadLetters returns one page of the dead letters that match q.Filter, in
+// the order they were recorded; pass the page's Next as q.After for the
+// next page. A zero Limit means 100.
+func (a *Admin) DeadLetters(ctx context.Context, q DeadLetterQuery) (DeadLetterPage, error) {
+	if q.Limit == 0 {
+		q.Limit = 100
+	}
+	p, err := a.dead.FindDeadLetters(ctx, q)
+	if err != nil {
+		return DeadLetterPage{}, opErr("DeadLetters", err)
+	}
+	return p, nil
+}
+
+// DeadLetter returns the latest dead letter of the item id (an id can die
+// again after a retry or a new enqueue); ok is false when there is none.
+func (a *Admin) DeadLetter(ctx context.Context, id uuid.UUID) (d DeadLetter, ok bool, err error) {
+	q := DeadLetterQuery{Filter: DeadLetterFilter{IDs: []uuid.UUID{id}}, Limit: 100}
+	for {
+		p, err := a.dead.FindDeadLetters(ctx, q)
+		if err != nil {
+			return DeadLetter{}, false, opErr("DeadLetter", err)
+		}
+		if n := len(p.DeadLetters); n > 0 {
+			d, ok = p.DeadLetters[n-1], true
+		}
+		if p.Next == 0 {
+			return d, ok, nil
+		}
+		q.After = p.Next
+	}
+}
+
+// RetryDeadLetters puts the dead letters that act selects back into their
+// categories as ready items with zero attempts; their LastError says they
+// were retried and why they had died. Each takes a new place at the end of
+// its stream: it runs after the stream's items that are pending now. With
+// act.DryRun it only counts them. An action on IDs that are not all dead
+// letters fails with an *IDsError and changes nothing.
+func (a *Admin) RetryDeadLetters(ctx context.Context, act DeadLetterAction) (DeadLetterActionResult, error) {
+	res, err := a.dead.RetryDeadLetters(ctx, act)
+	if err != nil {
+		return DeadLetterActionResult{}, opErr("RetryDeadLetters", err)
+	}
+	return res, nil
+}
+
+// DiscardDeadLetters removes the dead letters that act selects for good.
+// With act.DryRun it only counts them.
+func (a *Admin) DiscardDeadLetters(ctx context.Context, act DeadLetterAction) (DeadLetterActionResult, error) {
+	res, err := a.dead.DiscardDeadLetters(ctx, act)
+	if err != nil {
+		return DeadLetterActionResult{}, opErr("DiscardDeadLetters", err)
+	}
+	return res, nil
+}
+

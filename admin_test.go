@@ -1,0 +1,85 @@
+package workpump_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/workpump/workpump"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/memdriver"
+)
+
+// notAnOperator is a Coordinator without the operations.
+type notAnOperator struct{ driver.Coordinator }
+
+func TestNewAdmin_RefusesAStoreWithoutOperations(t *testing.T) {
+	if _, err := workpump.NewAdmin(nil); !errors.Is(err, workpump.ErrInvalidArgument) || !strings.Contains(err.Error(), "coord is nil") {
+		t.Fatalf("NewAdmin(nil) = %v, want an invalid-argument error naming coord", err)
+	}
+	_, err := workpump.NewAdmin(notAnOperator{memdriver.New(memdriver.Options{})})
+	if !errors.Is(err, workpump.ErrInvalidArgument) || !strings.Contains(err.Error(), "DeadLetterOperator") {
+		t.Fatalf("NewAdmin(a coordinator without operations) = %v, want an error naming the missing interface", err)
+	}
+}
+
+// deadLetterTwice dead-letters one id twice (enqueued again after its
+// first death) and returns it.
+func deadLetterTwice(t *testing.T, ctx context.Context, s *memdriver.Store) uuid.UUID {
+	t.Helper()
+	inst := uuid.Must(uuid.NewV7())
+	if _, err := s.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: inst}, StaleAfter: 30e9, DeadAfter: 300e9}); err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.Must(uuid.NewV7())
+	for _, payload := range []string{"first", "second"} {
+		if _, err := s.Enqueue(ctx, []driver.NewWork{{ID: id, Category: driver.Outbox, Payload: []byte(payload)}}); err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: 60e9, MaxPerCategory: 10})
+		if err != nil || len(res.Work) != 1 {
+			t.Fatalf("claim: %+v, %v", res, err)
+		}
+		if _, err := s.Fail(ctx, driver.FailRequest{InstanceID: inst, MaxAttempts: 1, RetryBase: 1e9, RetryMax: 1e9,
+			Failures: []driver.Failure{{Ref: res.Work[0].Ref(), Error: payload + " death"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return id
+}
+
+func TestAdmin_DeadLetterIsTheLatestOfTheID(t *testing.T) {
+	ctx := context.Background()
+	s := memdriver.New(memdriver.Options{})
+	id := deadLetterTwice(t, ctx, s)
+	admin, err := workpump.NewAdmin(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ok, err := admin.DeadLetter(ctx, id)
+	if err != nil || !ok || string(d.Payload) != "second" || d.Error != "second death" {
+		t.Fatalf("DeadLetter = %+v, %v, %v; want the second death", d, ok, err)
+	}
+	if _, ok, err := admin.DeadLetter(ctx, uuid.Must(uuid.NewV7())); ok || err != nil {
+		t.Fatalf("DeadLetter(unknown) = %v, %v; want not found", ok, err)
+	}
+	if _, _, err := admin.DeadLetter(ctx, uuid.Nil); !errors.Is(err, workpump.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), "workpump: DeadLetter: ") {
+		t.Fatalf("DeadLetter(nil id) = %v, want an invalid-argument error of DeadLetter", err)
+	}
+	// A zero Limit is a page of 100, not an error.
+	if p, err := admin.DeadLetters(ctx, workpump.DeadLetterQuery{}); err != nil || len(p.DeadLetters) != 2 {
+		t.Fatalf("DeadLetters(zero query) = %d dead letters, %v; want both", len(p.DeadLetters), err)
+	}
+	// The action errors keep their type through the Admin.
+	_, err = admin.RetryDeadLetters(ctx, workpump.DeadLetterAction{Filter: workpump.DeadLetterFilter{IDs: []uuid.UUID{uuid.Must(uuid.NewV7())}}})
+	var ie *workpump.IDsError
+	if !errors.As(err, &ie) || len(ie.Unknown) != 1 || !errors.Is(err, workpump.ErrNotDeadLettered) {
+		t.Fatalf("RetryDeadLetters(unknown id) = %v, want an *IDsError", err)
+	}
+	if _, err := admin.DiscardDeadLetters(ctx, workpump.DeadLetterAction{}); !errors.Is(err, workpump.ErrInvalidArgument) || !strings.Contains(err.Error(), "All") {
+		t.Fatalf("DiscardDeadLetters(empty) = %v, want it refused, naming All", err)
+	}
+}

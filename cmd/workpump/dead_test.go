@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/pgxdriver"
+	"github.com/workpump/workpump/internal/pgtest"
+)
+
+// runCLIInput is runCLI with input on stdin.
+func runCLIInput(t *testing.T, env []string, input string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(cliBinary, args...)
+	cmd.Env = append(append(os.Environ(), "WORKPUMP_DATABASE_URL="), env...)
+	cmd.Stdin = strings.NewReader(input)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func TestCLI_DeadUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dead"}, "missing action: list, show, retry or discard"},
+		{[]string{"dead", "revive"}, `unknown action "revive"`},
+		{[]string{"dead", "show"}, "show takes one ID"},
+		{[]string{"dead", "list", uuid.NewString()}, "list takes no IDs"},
+		{[]string{"dead", "retry", "not-a-uuid"}, `"not-a-uuid" is not an item id`},
+		{[]string{"dead", "retry", "--database-url", "postgres://x", "--schema", "a;b", "--all"}, "--schema:"},
+	} {
+		r := runCLI(t, nil, c.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("workpump %v: exit %d, stderr %q; want exit 2 and %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+}
+
+func TestCLI_DeadLetters(t *testing.T) {
+	url := pgtest.URL(t)
+	schema := pgtest.SchemaName(t)
+	env := []string{"WORKPUMP_DATABASE_URL=" + url}
+	if r := runCLI(t, env, "migrate", "up", "--schema", schema); r.code != 0 {
+		t.Fatalf("migrate up: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: schema, DisableListener: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three dead letters: two outbox items of stream s1 ("boom"), one inbox
+	// item of stream s2 ("timeout").
+	inst := uuid.Must(uuid.NewV7())
+	if _, err := coord.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: inst, ServiceName: "t"}, StaleAfter: time.Minute, DeadAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := coord.Enqueue(ctx, []driver.NewWork{
+		{Category: driver.Outbox, StreamID: "s1", Name: "mail", MessageType: "Welcome", Payload: []byte(`{"to":"ada"}`)},
+		{Category: driver.Inbox, StreamID: "s2", Name: "pay", MessageType: "Paid", Payload: []byte("paid")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill := func(msg string) {
+		t.Helper()
+		res, err := coord.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: time.Minute, MaxPerCategory: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := driver.FailRequest{InstanceID: inst, MaxAttempts: 1, RetryBase: time.Second, RetryMax: time.Second}
+		for _, w := range res.Work {
+			e := msg
+			if w.Category == driver.Inbox {
+				e = "timeout"
+			}
+			req.Failures = append(req.Failures, driver.Failure{Ref: w.Ref(), Error: e})
+		}
+		if _, err := coord.Fail(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kill("Boom: smtp down")
+	third, err := coord.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: "s1", Name: "mail", MessageType: "Welcome"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill("boom again")
+	deadCount := func() int {
+		t.Helper()
+		r := runCLI(t, env, "dead", "list", "--schema", schema, "--json")
+		var out struct {
+			DeadLetters []deadJSON `json:"dead_letters"`
+		}
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil {
+			t.Fatalf("dead list --json: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		return len(out.DeadLetters)
+	}
+	if n := deadCount(); n != 3 {
+		t.Fatalf("dead list: %d dead letters, want 3", n)
+	}
+
+	r := runCLI(t, env, "dead", "list", "--schema", schema, "--stream", "s2")
+	if r.code != 0 || !strings.Contains(r.stdout, ids[1].String()) || strings.Contains(r.stdout, ids[0].String()) || !strings.Contains(r.stdout, "timeout") {
+		t.Fatalf("dead list --stream s2: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "dead", "list", "--schema", schema, "--limit", "1", "--error", "BOOM", "--since", "1h")
+	if r.code != 0 || !strings.Contains(r.stdout, ids[0].String()) || !strings.Contains(r.stdout, "more: add --after ") {
+		t.Fatalf("dead list --limit 1 --error BOOM: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "dead", "list", "--schema", schema, "--until", "1h")
+	if r.code != 0 || !strings.Contains(r.stdout, "no dead letters match") {
+		t.Fatalf("dead list --until 1h: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "dead", "show", ids[0].String(), "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, `{"to":"ada"}`) || !strings.Contains(r.stdout, "Boom: smtp down") || !strings.Contains(r.stdout, "Welcome") {
+		t.Fatalf("dead show: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	unknown := uuid.Must(uuid.NewV7())
+	if r = runCLI(t, env, "dead", "show", unknown.String(), "--schema", schema); r.code != 1 || !strings.Contains(r.stderr, "is not a dead letter") {
+		t.Fatalf("dead show unknown: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// Bulk actions ask first; without a yes nothing changes.
+	r = runCLIInput(t, env, "n\n", "dead", "retry", "--all", "--schema", schema)
+	if r.code != 1 || !strings.Contains(r.stderr, "3 dead letter(s) match. Retry them? [y/N]") || !strings.Contains(r.stderr, "nothing was changed") {
+		t.Fatalf("dead retry --all answered n: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r = runCLI(t, env, "dead", "retry", "--schema", schema); r.code != 2 || !strings.Contains(r.stderr, "give IDs, a filter, or --all") {
+		t.Fatalf("dead retry with nothing: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "dead", "discard", "--category", "outbox", "--dry-run", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "dry run: 2 dead letter(s) match") {
+		t.Fatalf("dead discard --dry-run: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if n := deadCount(); n != 3 {
+		t.Fatalf("after refused and dry-run actions: %d dead letters, want 3", n)
+	}
+
+	// An action on IDs names the ones that are not dead letters, and
+	// changes nothing.
+	r = runCLI(t, env, "dead", "retry", ids[0].String(), unknown.String(), "--schema", schema)
+	if r.code != 1 || !strings.Contains(r.stderr, unknown.String()+": unknown id") || !strings.Contains(r.stderr, "nothing was changed") {
+		t.Fatalf("dead retry with an unknown id: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "dead", "retry", ids[0].String(), "--schema", schema, "--json")
+	var act struct {
+		Matched int `json:"matched"`
+		Done    []struct {
+			Category string    `json:"category"`
+			ID       uuid.UUID `json:"id"`
+		} `json:"done"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &act) != nil || act.Matched != 1 || len(act.Done) != 1 || act.Done[0].ID != ids[0] {
+		t.Fatalf("dead retry ID --json: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	ws, ok, err := coord.GetWork(ctx, driver.Outbox, ids[0])
+	if err != nil || !ok || ws.Attempts != 0 || !ws.LeaseExpiry.IsZero() || !strings.Contains(ws.LastError, "retried") {
+		t.Fatalf("the retried item: %+v, %v, %v; want it ready with zero attempts", ws, ok, err)
+	}
+	r = runCLIInput(t, env, "y\n", "dead", "discard", "--error", "boom", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "discarded 1 dead letter(s)") || !strings.Contains(r.stdout, third[0].String()) {
+		t.Fatalf("dead discard --error boom, confirmed: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "dead", "retry", "--all", "--yes", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "retried 1 dead letter(s)") || !strings.Contains(r.stdout, ids[1].String()) {
+		t.Fatalf("dead retry --all --yes: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if n := deadCount(); n != 0 {
+		t.Fatalf("after retrying and discarding all: %d dead letters, want 0", n)
+	}
+}
