@@ -108,4 +108,3 @@ func (a *Admin) DiscardDeadLetters(ctx context.Context, act DeadLetterAction) (D
 	}
 	return res, nil
 }
-
