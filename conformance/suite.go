@@ -102,6 +102,7 @@ func allCases() []testCase {
 		inspectorCases(),
 		purgeCases(),
 		deadLetterCases(),
+		outcomeCases(),
 		concurrencyCases(),
 		raceCases(),
 		livenessCases(),

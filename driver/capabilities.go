@@ -137,7 +137,7 @@ type SchemaChecker interface {
 // PurgeRequest is the argument of Purger.Purge. A zero age skips that purge.
 type PurgeRequest struct {
 	ProcessedOlderThan   time.Duration // processed (kept) rows, e.g. inbox dedupe records
-	DeadLettersOlderThan time.Duration
+	DeadLettersOlderThan time.Duration // except those holding their stream: only a retry or discard ends them
 	StreamsExpiredFor    time.Duration // ownerless or expired stream ownership rows
 }
 
@@ -197,7 +197,8 @@ type StreamOwner struct {
 // CategoryStats counts one category's rows at the store's now.
 type CategoryStats struct {
 	Ready     int // due, unowned or expired, unprocessed
-	Scheduled int // unprocessed, not due
+	Scheduled int // unprocessed, not due, not held
+	Held      int // dead letters holding their streams (see Failure.HoldStream)
 	Leased    int // leased with an unexpired lease
 	Orphaned  int // leased with an expired lease
 	Processed int // kept processed rows
@@ -220,8 +221,8 @@ type Inspector interface {
 	// when the row does not exist.
 	GetWork(ctx context.Context, c Category, id uuid.UUID) (ws WorkState, ok bool, err error)
 	ListInstances(ctx context.Context) ([]InstanceState, error)
-	// ListDeadLetters returns dead letters oldest first, at most limit of
-	// them; limit <= 0 means all.
+	// ListDeadLetters returns dead letters in the order they were recorded,
+	// at most limit of them; limit <= 0 means all.
 	ListDeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
 	GetStreamOwner(ctx context.Context, streamID string) (so StreamOwner, ok bool, err error)
 	Stats(ctx context.Context) (Stats, error)

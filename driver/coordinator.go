@@ -177,6 +177,12 @@ func (r FailRequest) Validate() error {
 		if f.RetryAfter < 0 {
 			return fmt.Errorf("%w: Failures[%d].RetryAfter: %v is negative", ErrInvalidArgument, i, f.RetryAfter)
 		}
+		if f.Snooze && f.Permanent {
+			return fmt.Errorf("%w: Failures[%d]: Snooze and Permanent are both set", ErrInvalidArgument, i)
+		}
+		if f.Snooze && f.RetryAfter <= 0 {
+			return fmt.Errorf("%w: Failures[%d].RetryAfter: a Snooze needs a RetryAfter > 0", ErrInvalidArgument, i)
+		}
 	}
 	if err := ValidateRefs(refs); err != nil {
 		return fmt.Errorf("Failures: %w", err)

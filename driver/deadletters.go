@@ -185,6 +185,18 @@ func AsIDsError(err error) (*IDsError, bool) {
 	return e, ok
 }
 
+// HeldStream is a stream held by a dead letter (see Failure.HoldStream).
+type HeldStream struct {
+	Category Category
+	StreamID string
+	// ID and Name are the held item's.
+	ID   uuid.UUID
+	Name string
+	// Error and DeadLetteredAt are its dead letter's.
+	Error          string
+	DeadLetteredAt time.Time
+}
+
 // DeadLetterOperator is the optional capability to act on dead letters.
 //
 // A retry puts each matched dead letter back into its category as a new
@@ -197,6 +209,12 @@ func AsIDsError(err error) (*IDsError, bool) {
 // dead letters in a category (the id was enqueued again after it died),
 // the latest is retried and the older ones are removed with it.
 //
+// A dead letter that holds its stream (Failure.HoldStream) is retried in
+// its place instead: its held item becomes ready with zero attempts and the
+// same LastError rule, the first of its stream again. A discard of one
+// removes its held item too, and its stream goes on. Either wakes the
+// stream's claimer as an enqueue does.
+//
 // A discard removes the matched dead letters.
 //
 // Both act on the dead letters that exist when they run: two actions on
@@ -207,4 +225,7 @@ type DeadLetterOperator interface {
 	FindDeadLetters(ctx context.Context, q DeadLetterQuery) (DeadLetterPage, error)
 	RetryDeadLetters(ctx context.Context, a DeadLetterAction) (DeadLetterActionResult, error)
 	DiscardDeadLetters(ctx context.Context, a DeadLetterAction) (DeadLetterActionResult, error)
+	// ListHeldStreams returns the streams held by a dead letter, oldest
+	// dead letter first, at most limit; limit <= 0 means all.
+	ListHeldStreams(ctx context.Context, limit int) ([]HeldStream, error)
 }

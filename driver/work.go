@@ -124,6 +124,21 @@ type Failure struct {
 	Error string
 	// RetryAfter overrides the backoff for this item when positive.
 	RetryAfter time.Duration
+	// Permanent dead-letters the item whatever its attempts.
+	Permanent bool
+	// Snooze asks to run the item again after RetryAfter (> 0) without
+	// counting a failed attempt: the attempt is given back (as Release
+	// does), the item is never dead-lettered by it, and its last error and
+	// Error are left as they were. The item still blocks its stream until
+	// then.
+	Snooze bool
+	// HoldStream: when this failure dead-letters an item that has a
+	// stream, the item holds its stream. It stays in its category,
+	// scheduled for HeldUntil, and is also listed among the dead letters;
+	// the later items of its stream wait until it is retried (it runs again
+	// first, in its place) or discarded. Without it, the stream goes on past
+	// the dead letter.
+	HoldStream bool
 }
 
 // ValidateNewWork checks a whole Enqueue argument before anything is written.
@@ -164,9 +179,19 @@ func ValidateNewWork(items []NewWork) error {
 		if err := ValidateTime(fmt.Sprintf("items[%d].ScheduledFor", i), it.ScheduledFor); err != nil {
 			return err
 		}
+		if !it.ScheduledFor.Before(HeldUntil) {
+			return fmt.Errorf("%w: items[%d].ScheduledFor: %s is not before %s, the schedule of held items",
+				ErrInvalidArgument, i, it.ScheduledFor.UTC().Format(time.RFC3339Nano), HeldUntil.Format(time.RFC3339))
+		}
 	}
 	return nil
 }
+
+// HeldUntil is the schedule of a held item: one dead-lettered with
+// Failure.HoldStream that stays in its category, never due, so the later
+// items of its stream wait until an operator retries it (it runs again in
+// its place) or discards it. No enqueued item may be scheduled this late.
+var HeldUntil = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
 // ValidateMetadata accepts empty input or a JSON object of at most
 // MaxMetadataBytes.

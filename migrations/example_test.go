@@ -30,6 +30,7 @@ func ExampleRender() {
 	// 0007_named_parts: creates wp_ objects in "shop": true
 	// 0008_wakeup_pauses: creates wp_ objects in "shop": true
 	// 0009_dead_letter_ops: creates wp_ objects in "shop": true
+	// 0010_outcomes_and_holds: creates wp_ objects in "shop": true
 	// true
 }
 

@@ -3,6 +3,8 @@ package memdriver
 import (
 	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/workpump/workpump/driver"
@@ -74,9 +76,20 @@ func (s *Store) actOnDead(ctx context.Context, op string, retry bool, a driver.D
 	}
 	remove := make(map[int]bool, len(matched))
 	if !retry {
+		now := s.now()
 		for _, i := range matched {
+			d := s.deadLetters[i]
 			remove[i] = true
-			res.Done = append(res.Done, ref(s.deadLetters[i]))
+			res.Done = append(res.Done, ref(d))
+			// A held item goes with its dead letter; its stream goes on.
+			c := s.cat(d.Category)
+			if r, ok := c.rows[d.ID]; ok && held(r) {
+				c.drop(r)
+				c.unpend(r, now)
+				if next := r.sc.compactHead(); next != nil {
+					s.wake(next, now)
+				}
+			}
 		}
 	} else {
 		// The latest dead letter of each (category, id) is retried unless
@@ -93,10 +106,25 @@ func (s *Store) actOnDead(ctx context.Context, op string, retry bool, a driver.D
 		}
 		var rows []row
 		var errs []string
+		now := s.now()
 		for _, i := range matched {
 			d := s.deadLetters[i]
 			k := key{d.Category, d.ID}
-			if _, inUse := s.cat(d.Category).rows[d.ID]; inUse {
+			c := s.cat(d.Category)
+			if r, inUse := c.rows[d.ID]; inUse && held(r) {
+				// A held item runs again in its place, first of its stream.
+				remove[i] = true
+				if latest[k] != i {
+					continue
+				}
+				res.Done = append(res.Done, ref(d))
+				r.w.ScheduledFor = time.Time{}
+				r.w.Attempts = 0
+				r.lastError = retriedError(d)
+				c.touch(r.sc, now)
+				s.wake(r, now)
+				continue
+			} else if inUse {
 				res.InUse = append(res.InUse, ref(d))
 				continue
 			}
@@ -107,9 +135,9 @@ func (s *Store) actOnDead(ctx context.Context, op string, retry bool, a driver.D
 			res.Done = append(res.Done, ref(d))
 			rows = append(rows, row{w: driver.Work{ID: d.ID, Category: d.Category, StreamID: d.StreamID, Partition: d.Partition,
 				Name: d.Name, MessageType: d.MessageType, Payload: cloneBytes(d.Payload), Metadata: cloneBytes(d.Metadata)}})
-			errs = append(errs, fmt.Sprintf("retried from the dead letters after %d attempt(s); it had failed with: %s", d.Attempts, d.Error))
+			errs = append(errs, retriedError(d))
 		}
-		s.insertLocked(rows, s.now())
+		s.insertLocked(rows, now)
 		for i := range rows {
 			rows[i].lastError = errs[i]
 		}
@@ -160,4 +188,54 @@ func (s *Store) checkDeadIDs(f driver.DeadLetterFilter, matched []int) error {
 		return &e
 	}
 	return nil
+}
+
+// held reports whether r is a held item (see driver.Failure.HoldStream).
+func held(r *row) bool {
+	return r != nil && !r.removed && r.instance == uuid.Nil && r.w.ScheduledFor.Equal(driver.HeldUntil)
+}
+
+// isHeld reports whether id is a held item of category c.
+func (s *Store) isHeld(c driver.Category, id uuid.UUID) bool { return held(s.cat(c).rows[id]) }
+
+func retriedError(d driver.DeadLetter) string {
+	return fmt.Sprintf("retried from the dead letters after %d attempt(s); it had failed with: %s", d.Attempts, d.Error)
+}
+
+// wake signals the instance that will claim r, as Enqueue does for a due
+// item.
+func (s *Store) wake(r *row, now time.Time) {
+	if to := s.claimer(r.sc.st, r.w.Partition, now); to != uuid.Nil {
+		s.deliver(to, driver.Signal{Kind: driver.SignalWork, Category: r.w.Category})
+	}
+}
+
+// ListHeldStreams returns the streams held by a dead letter, oldest dead
+// letter first; limit <= 0 means all.
+func (s *Store) ListHeldStreams(ctx context.Context, limit int) ([]driver.HeldStream, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []driver.HeldStream{}
+	type key struct {
+		c  driver.Category
+		id [16]byte
+	}
+	seen := map[key]bool{}
+	// The latest dead letter of each held item, in dead letter order.
+	for i := len(s.deadLetters) - 1; i >= 0; i-- {
+		d := s.deadLetters[i]
+		if seen[key{d.Category, d.ID}] || !s.isHeld(d.Category, d.ID) {
+			continue
+		}
+		seen[key{d.Category, d.ID}] = true
+		out = append(out, driver.HeldStream{Category: d.Category, StreamID: d.StreamID, ID: d.ID, Name: d.Name, Error: d.Error, DeadLetteredAt: d.DeadLetteredAt})
+	}
+	slices.Reverse(out)
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
 }

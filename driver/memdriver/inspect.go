@@ -144,7 +144,9 @@ func (s *Store) Stats(ctx context.Context) (driver.Stats, error) {
 			if expired {
 				cs.Orphaned++
 			}
-			if r.w.ScheduledFor.After(now) {
+			if held(r) {
+				cs.Held++
+			} else if r.w.ScheduledFor.After(now) {
 				cs.Scheduled++
 			} else if !leased || expired {
 				cs.Ready++
@@ -193,7 +195,7 @@ func (s *Store) Purge(ctx context.Context, req driver.PurgeRequest) (driver.Purg
 		cut := now.Add(-req.DeadLettersOlderThan)
 		keep := s.deadLetters[:0]
 		for _, dl := range s.deadLetters {
-			if dl.DeadLetteredAt.Before(cut) {
+			if dl.DeadLetteredAt.Before(cut) && !s.isHeld(dl.Category, dl.ID) {
 				res.DeadLetters++
 				continue
 			}

@@ -358,16 +358,32 @@ func (s *Store) Fail(ctx context.Context, req driver.FailRequest) (driver.AckRes
 			res.Lost = append(res.Lost, f.Ref)
 			continue
 		}
-		msg := driver.SanitizeErrorText(f.Error)
-		r.lastError = msg
 		s.settle(r, req.InstanceID)
 		res.Applied++
-		if r.w.Attempts >= req.MaxAttempts {
+		if f.Snooze {
+			r.w.Attempts--
+			r.w.ScheduledFor = now.Add(f.RetryAfter).Truncate(time.Microsecond)
+			c.touch(r.sc, now)
+			continue
+		}
+		msg := driver.SanitizeErrorText(f.Error)
+		r.lastError = msg
+		if f.Permanent || r.w.Attempts >= req.MaxAttempts {
 			s.deadSeq++
-			s.deadLetters = append(s.deadLetters, driver.DeadLetter{Work: r.w, Error: msg, DeadLetteredAt: now, Number: s.deadSeq})
+			dl := driver.DeadLetter{Work: r.w, Error: msg, DeadLetteredAt: now, Number: s.deadSeq}
+			res.DeadLettered = append(res.DeadLettered, f.Ref)
+			if f.HoldStream && r.w.StreamID != "" {
+				// Held: it stays, never due, and its stream waits.
+				dl.Work = copyWork(r.w)
+				dl.ScheduledFor = time.Time{}
+				s.deadLetters = append(s.deadLetters, dl)
+				r.w.ScheduledFor = driver.HeldUntil
+				c.touch(r.sc, now)
+				continue
+			}
+			s.deadLetters = append(s.deadLetters, dl)
 			c.drop(r)
 			c.unpend(r, now)
-			res.DeadLettered = append(res.DeadLettered, f.Ref)
 			continue
 		}
 		d := f.RetryAfter

@@ -27,7 +27,7 @@ var (
 	callClaim          = call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz"}, true}
 	callRenew          = call{"wp_renew_leases", []string{"uuid", "text", "uuid[]", "bigint", "timestamptz"}, true}
 	callComplete       = call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
-	callFail           = call{"wp_fail", []string{"uuid", "text[]", "uuid[]", "integer[]", "text[]", "bigint[]", "integer", "bigint", "bigint", "timestamptz"}, true}
+	callFail           = call{"wp_fail", []string{"uuid", "text[]", "uuid[]", "integer[]", "text[]", "bigint[]", "integer", "bigint", "bigint", "timestamptz", "text[]", "boolean[]"}, true}
 	callRelease        = call{"wp_release", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
 	callHeartbeat      = call{"wp_record_heartbeat", []string{"uuid", "text", "text", "integer", "text", "bigint", "bigint", "timestamptz", "boolean", "bigint", "boolean", "bigint"}, true}
 	callCleanup        = call{"wp_cleanup_stale_instances", []string{"bigint", "bigint", "timestamptz", "bigint"}, true}
@@ -40,6 +40,8 @@ var (
 	callStreamOwner    = call{"wp_get_stream_owner", []string{"text"}, true}
 	callStats          = call{"wp_stats", []string{"timestamptz"}, true}
 	callStatsLeases    = call{"wp_stats_leases", []string{"timestamptz"}, true}
+	callStatsHeld      = call{"wp_stats_held", nil, true}
+	callHeldStreams    = call{"wp_held_streams", []string{"integer"}, true}
 	callPartitionCount = call{"wp_partition_count", []string{"integer", "timestamptz"}, false}
 )
 
@@ -150,7 +152,7 @@ type statements struct {
 	claim, renew, complete, fail, release          string
 	heartbeat, cleanup, deregister, purge          string
 	getWork, listInstances, findDead, streamOwner  string
-	actDead                                        string
+	actDead, statsHeld, heldStreams                string
 	stats, statsLeases, deadCount, version, counts string
 	functions                                      string // migrations.FunctionsSQL
 	copyInto                                       copyStatements
@@ -188,6 +190,8 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 		streamOwner:    callStreamOwner.sql(schema, ph),
 		stats:          callStats.sql(schema, ph),
 		statsLeases:    callStatsLeases.sql(schema, ph),
+		statsHeld:      callStatsHeld.sql(schema, ph),
+		heldStreams:    callHeldStreams.sql(schema, ph),
 		counts:         callPartitionCount.sql(schema, ph),
 		deadCount:      `SELECT count(*) FROM ` + s + `.wp_dead_letters`,
 		version:        `SELECT max(version) FROM ` + s + `.` + migrations.VersionTable,

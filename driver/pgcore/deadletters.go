@@ -159,3 +159,29 @@ func (c *Core) actOnDead(ctx context.Context, op, action string, a driver.DeadLe
 	}
 	return res, nil
 }
+
+// ListHeldStreams returns the streams held by a dead letter, oldest dead
+// letter first; limit <= 0 means all.
+func (c *Core) ListHeldStreams(ctx context.Context, limit int) ([]driver.HeldStream, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := []driver.HeldStream{}
+	err := c.each(ctx, "ListHeldStreams", c.sql.heldStreams, []any{int32(max(min(limit, 1<<31-1), 0))}, func(rows Rows) error {
+		var (
+			h   driver.HeldStream
+			cat string
+			at  time.Time
+		)
+		if err := rows.Scan(&cat, &h.StreamID, &h.ID, &h.Name, &h.Error, &at); err != nil {
+			return err
+		}
+		h.Category, h.DeadLetteredAt = driver.Category(cat), at.UTC()
+		out = append(out, h)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

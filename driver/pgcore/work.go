@@ -426,15 +426,24 @@ func (c *Core) Fail(ctx context.Context, req driver.FailRequest) (driver.AckResu
 	refs := make([]driver.Ref, len(req.Failures))
 	errs := make([]string, len(req.Failures))
 	after := make([]int64, len(req.Failures))
+	kinds := make([]string, len(req.Failures))
+	hold := make([]bool, len(req.Failures))
 	for i, f := range req.Failures {
 		refs[i] = f.Ref
 		errs[i] = driver.SanitizeErrorText(f.Error)
 		after[i] = f.RetryAfter.Nanoseconds()
+		switch {
+		case f.Snooze:
+			kinds[i] = "snooze"
+		case f.Permanent:
+			kinds[i] = "permanent"
+		}
+		hold[i] = f.HoldStream
 	}
 	cats, ids, atts := c.refArgs(c.db, refs)
 	return c.acked(ctx, c.db, "Fail", c.sql.fail, true, refs, c.d.uuid(req.InstanceID), cats, ids, atts,
 		c.arr(c.db, errs), c.arr(c.db, after), int32(min(req.MaxAttempts, 1<<31-1)),
-		req.RetryBase.Nanoseconds(), req.RetryMax.Nanoseconds(), c.nowArg())
+		req.RetryBase.Nanoseconds(), req.RetryMax.Nanoseconds(), c.nowArg(), c.arr(c.db, kinds), c.arr(c.db, hold))
 }
 
 // Release clears the leases of attempts the caller never ran and gives the
