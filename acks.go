@@ -30,8 +30,15 @@ func (p *Pump) queueCompletion(ref driver.Ref, claim uint64) {
 	}
 }
 
-func (p *Pump) queueFailure(f driver.Failure) {
-	if !p.fail.Enqueue(f) {
+// failure is a queued failure: what the store records, and the error
+// Hooks.Failed receives (the handler's own, so its chain is intact).
+type failure struct {
+	driver.Failure
+	err error
+}
+
+func (p *Pump) queueFailure(f driver.Failure, err error) {
+	if !p.fail.Enqueue(failure{Failure: f, err: err}) {
 		p.stats.ackErrors.Add(1)
 		p.log.Error("failure queue full or closed; the item will be redelivered", "ref", f.Ref.String())
 	}
@@ -114,12 +121,16 @@ func (p *Pump) flushCompletions(ctx context.Context, cs []completion) error {
 	return nil
 }
 
-func (p *Pump) flushFailures(ctx context.Context, fs []driver.Failure) error {
-	for _, f := range fs {
-		if f.Ref.Attempts > 1 {
-			fs = latestFailures(fs, p.noteLost)
+func (p *Pump) flushFailures(ctx context.Context, qs []failure) error {
+	for _, q := range qs {
+		if q.Ref.Attempts > 1 {
+			qs = latestFailures(qs, p.noteLost)
 			break
 		}
+	}
+	fs := make([]driver.Failure, len(qs))
+	for i, q := range qs {
+		fs[i] = q.Failure
 	}
 	req := driver.FailRequest{
 		InstanceID: p.opts.ID, Failures: fs,
@@ -135,18 +146,22 @@ func (p *Pump) flushFailures(ctx context.Context, fs []driver.Failure) error {
 		return err
 	}
 	p.stats.deadLettered.Add(uint64(len(res.DeadLettered)))
-	for _, r := range res.DeadLettered {
-		p.log.Error("item dead-lettered after max attempts", "ref", r.String(), "max_attempts", p.opts.MaxAttempts)
+	dead := refSet(res.DeadLettered)
+	for _, q := range qs {
+		if _, d := dead[q.Ref]; d {
+			p.log.Error("item dead-lettered", "ref", q.Ref.String(), "permanent", q.Permanent,
+				"holds_stream", q.HoldStream, "max_attempts", p.opts.MaxAttempts, "error", q.Error)
+		}
 	}
 	p.noteLost(res.Lost, "failure")
 	if h := p.opts.Hooks.Failed; h != nil {
-		dead, lost := refSet(res.DeadLettered), refSet(res.Lost)
-		for _, f := range fs {
-			if _, l := lost[f.Ref]; l {
+		lost := refSet(res.Lost)
+		for _, q := range qs {
+			if _, l := lost[q.Ref]; l {
 				continue
 			}
-			_, d := dead[f.Ref]
-			h(f.Ref, errors.New(f.Error), d)
+			_, d := dead[q.Ref]
+			h(q.Ref, q.err, d)
 		}
 	}
 	return nil
@@ -224,9 +239,9 @@ func latestAttempts(refs []driver.Ref) (keep, stale []driver.Ref) {
 }
 
 // latestFailures is latestAttempts for failures; the stale ones go to lost.
-func latestFailures(fs []driver.Failure, lost func([]driver.Ref, string)) []driver.Failure {
+func latestFailures(fs []failure, lost func([]driver.Ref, string)) []failure {
 	at := make(map[rowKey]int, len(fs))
-	keep := make([]driver.Failure, 0, len(fs))
+	keep := make([]failure, 0, len(fs))
 	var stale []driver.Ref
 	for _, f := range fs {
 		k := rowKey{f.Ref.Category, f.Ref.ID}

@@ -23,6 +23,8 @@ type (
 	DeadLetterAction = driver.DeadLetterAction
 	// DeadLetterActionResult reports what a retry or discard touched.
 	DeadLetterActionResult = driver.DeadLetterActionResult
+	// HeldStream is a stream held by its dead letter (StreamPolicy.Hold).
+	HeldStream = driver.HeldStream
 	// IDsError names the ids of an action that are not dead letters; the
 	// action changed nothing.
 	IDsError = driver.IDsError
@@ -107,4 +109,16 @@ func (a *Admin) DiscardDeadLetters(ctx context.Context, act DeadLetterAction) (D
 		return DeadLetterActionResult{}, opErr("DiscardDeadLetters", err)
 	}
 	return res, nil
+}
+
+// HeldStreams returns the streams a dead letter holds (StreamPolicy.Hold),
+// oldest dead letter first, at most limit; limit <= 0 means all. Retrying
+// the dead letter runs it first, in its place; discarding it lets the
+// stream go on.
+func (a *Admin) HeldStreams(ctx context.Context, limit int) ([]HeldStream, error) {
+	h, err := a.dead.ListHeldStreams(ctx, limit)
+	if err != nil {
+		return nil, opErr("HeldStreams", err)
+	}
+	return h, nil
 }

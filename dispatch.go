@@ -256,7 +256,8 @@ func (d *dispatcher) deadLetter(w driver.Work, msg string) {
 	d.p.log.Warn("claimed attempt exceeds MaxAttempts; dead-lettering it without running it",
 		"category", w.Category, "id", w.ID, "name", w.Name, "stream", w.StreamID,
 		"attempt", w.Attempts, "max_attempts", d.p.opts.MaxAttempts)
-	d.p.queueFailure(driver.Failure{Ref: w.Ref(), Error: msg})
+	f := driver.Failure{Ref: w.Ref(), Error: msg, HoldStream: d.p.opts.holdsStream(w.Category, w.Name)}
+	d.p.queueFailure(f, errors.New(msg))
 }
 
 // giveBackRest hands the items of r from index i on to Stop's release list.
@@ -463,9 +464,15 @@ func (d *dispatcher) runOne(w driver.Work, h *loops.LeaseHandle, claim uint64) e
 		return err
 	}
 	if err != nil {
-		p.stats.failed.Add(1)
-		p.log.Warn("handler failed", "ref", w.Ref().String(), "stream", w.StreamID, "name", w.Name, "error", err)
-		p.queueFailure(driver.Failure{Ref: w.Ref(), Error: err.Error()})
+		f := p.opts.failureOf(w, err)
+		if f.Snooze {
+			p.stats.snoozed.Add(1)
+			p.log.Debug("handler snoozed its item", "ref", w.Ref().String(), "stream", w.StreamID, "name", w.Name, "for", f.RetryAfter.String())
+		} else {
+			p.stats.failed.Add(1)
+			p.log.Warn("handler failed", "ref", w.Ref().String(), "stream", w.StreamID, "name", w.Name, "permanent", f.Permanent, "error", err)
+		}
+		p.queueFailure(f, err)
 		return err
 	}
 	if del.Settled() {

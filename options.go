@@ -51,6 +51,10 @@ type Options struct {
 	// (60, 120, 240, 300, 300, ... seconds).
 	RetryBase time.Duration
 	RetryMax  time.Duration
+	// DeadLetterStreams sets, per category or per name, whether a dead
+	// letter holds its stream (see StreamPolicy); the most specific policy
+	// applies. By default the stream goes on past a dead letter.
+	DeadLetterStreams []StreamPolicy
 
 	// AckBatch and AckWindow coalesce completions and failures into one
 	// store round trip: a batch goes out when AckBatch acks are queued or
@@ -101,8 +105,10 @@ type Hooks struct {
 	HeartbeatRecorded func(evicted []uuid.UUID)
 	// Completed: an item's completion was stored.
 	Completed func(ref Ref)
-	// Failed: an item failed; deadLettered says whether it moved to the dead
-	// letters.
+	// Failed: an item's failure was stored. err is the handler's error as
+	// it returned it (errors.Is and errors.As see its chain; Snooze's is a
+	// *SnoozeError, Permanent's a *PermanentError); deadLettered says
+	// whether the item is a dead letter now.
 	Failed func(ref Ref, err error, deadLettered bool)
 	// LeaseLost: the store refused an ack or renewal because another instance
 	// holds the item now.
@@ -254,6 +260,7 @@ func (o Options) Validate() error {
 	if o.RetryMax < o.RetryBase {
 		errs.addf("RetryMax: %v is below RetryBase %v", o.RetryMax, o.RetryBase)
 	}
+	validateStreamPolicies(o.DeadLetterStreams, &errs)
 	if o.AckBatch <= 0 {
 		errs.addf("AckBatch: %d, want > 0", o.AckBatch)
 	}

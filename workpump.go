@@ -53,7 +53,7 @@ type Pump struct {
 	maint    *loops.MaintenanceWorker
 	disp     *dispatcher
 	complete *loops.BatchFlusher[completion]
-	fail     *loops.BatchFlusher[driver.Failure]
+	fail     *loops.BatchFlusher[failure]
 	// completeRefs is flushCompletions' buffer (one flusher goroutine).
 	completeRefs []driver.Ref
 
@@ -65,6 +65,7 @@ type pumpCounters struct {
 	evictions atomic.Uint64
 
 	completed, completedInTx, failed, deadLettered, leaseLost, released, ackErrors atomic.Uint64
+	snoozed                                                                        atomic.Uint64
 	overruns, abandoned                                                            atomic.Uint64
 }
 
@@ -73,7 +74,8 @@ type Stats struct {
 	InFlight      int    // claimed items not yet finished
 	Completed     uint64 // completions the store accepted
 	CompletedInTx uint64 // items the handler completed in its own transaction
-	Failed        uint64 // handler errors and panics
+	Failed        uint64 // handler errors and panics (snoozes not counted)
+	Snoozed       uint64 // items their handler snoozed (Snooze)
 	DeadLettered  uint64 // failures that moved the item to the dead letters
 	LeaseLost     uint64 // acks or renewals refused: a peer holds the item now
 	Released      uint64 // unstarted items given back
@@ -434,6 +436,7 @@ func (p *Pump) Stats() Stats {
 		Completed:     p.stats.completed.Load(),
 		CompletedInTx: p.stats.completedInTx.Load(),
 		Failed:        p.stats.failed.Load(),
+		Snoozed:       p.stats.snoozed.Load(),
 		DeadLettered:  p.stats.deadLettered.Load(),
 		LeaseLost:     p.stats.leaseLost.Load(),
 		Released:      p.stats.released.Load(),
