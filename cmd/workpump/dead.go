@@ -152,6 +152,13 @@ func runDead(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := checkSchemaFlag(*f.schema); err != nil {
 		return err
 	}
+	if action != "show" {
+		// Bad flags are refused before connecting; durations are resolved
+		// on the store's clock below.
+		if _, err := f.filter(ids, time.Now()); err != nil {
+			return err
+		}
+	}
 	pool, err := openPool(ctx, *f.db, 2)
 	if err != nil {
 		return err
@@ -404,4 +411,84 @@ func payloadText(p []byte) string {
 		return string(p)
 	}
 	return fmt.Sprintf("(%d bytes, not UTF-8; --json prints them as base64)", len(p))
+}
+
+// runStreams is `workpump streams held`: the streams a dead letter holds.
+func runStreams(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const synopsis = "streams held --database-url URL [--schema S] [--limit N] [--json]"
+	if len(args) == 0 || args[0] != "held" {
+		fs := newFlagSet("streams", synopsis, stderr)
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			fs.Usage()
+			return flag.ErrHelp
+		}
+		if len(args) == 0 {
+			return usagef("missing action: held")
+		}
+		return usagef("unknown action %q: want held", args[0])
+	}
+	fs := newFlagSet("streams held", synopsis, stderr)
+	db := databaseURLFlag(fs)
+	schema := fs.String("schema", migrations.DefaultSchema, "schema holding the workpump tables")
+	limit := fs.Int("limit", 100, "streams to list at most (0: all)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	if *limit < 0 {
+		return usagef("--limit must be >= 0")
+	}
+	if err := checkSchemaFlag(*schema); err != nil {
+		return err
+	}
+	pool, err := openPool(ctx, *db, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *schema, DisableListener: true})
+	if err != nil {
+		return err
+	}
+	if err := coord.CheckVersion(ctx); err != nil {
+		return err
+	}
+	admin, err := workpump.NewAdmin(coord)
+	if err != nil {
+		return err
+	}
+	held, err := admin.HeldStreams(ctx, *limit)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		type heldJSON struct {
+			Category       string    `json:"category"`
+			StreamID       string    `json:"stream_id"`
+			ID             uuid.UUID `json:"id"`
+			Name           string    `json:"name"`
+			Error          string    `json:"error"`
+			DeadLetteredAt time.Time `json:"dead_lettered_at"`
+		}
+		out := []heldJSON{}
+		for _, h := range held {
+			out = append(out, heldJSON{string(h.Category), h.StreamID, h.ID, h.Name, h.Error, h.DeadLetteredAt})
+		}
+		return json.NewEncoder(stdout).Encode(map[string]any{"held_streams": out})
+	}
+	if len(held) == 0 {
+		fmt.Fprintln(stdout, "no stream is held")
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CATEGORY\tSTREAM\tHELD BY ID\tNAME\tDEAD-LETTERED (UTC)\tERROR")
+	for _, h := range held {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", h.Category, h.StreamID, h.ID, orDash(h.Name),
+			h.DeadLetteredAt.UTC().Format("2006-01-02 15:04:05"), oneLine(h.Error, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "workpump dead retry ID runs the item again in its place; workpump dead discard ID lets its stream go on")
+	return nil
 }

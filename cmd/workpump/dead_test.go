@@ -47,6 +47,11 @@ func TestCLI_DeadUsageErrors(t *testing.T) {
 		{[]string{"dead", "list", uuid.NewString()}, "list takes no IDs"},
 		{[]string{"dead", "retry", "not-a-uuid"}, `"not-a-uuid" is not an item id`},
 		{[]string{"dead", "retry", "--database-url", "postgres://x", "--schema", "a;b", "--all"}, "--schema:"},
+		{[]string{"dead", "retry", uuid.NewString(), "--stream", "s"}, "IDs combine only with --category"},
+		{[]string{"dead", "list", "--since", "yesterday"}, `--since: "yesterday" is neither an RFC 3339 time nor a duration`},
+		{[]string{"streams"}, "missing action: held"},
+		{[]string{"streams", "free"}, `unknown action "free"`},
+		{[]string{"streams", "held", "--limit", "-1"}, "--limit must be >= 0"},
 	} {
 		r := runCLI(t, nil, c.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
@@ -192,5 +197,50 @@ func TestCLI_DeadLetters(t *testing.T) {
 	}
 	if n := deadCount(); n != 0 {
 		t.Fatalf("after retrying and discarding all: %d dead letters, want 0", n)
+	}
+
+	// A dead letter that holds its stream shows in status and in streams
+	// held, until a retry runs it again.
+	if _, err := coord.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: time.Minute, MaxPerCategory: 10}); err != nil {
+		t.Fatal(err) // the retried items, out of the way
+	}
+	hold, err := coord.Enqueue(ctx, []driver.NewWork{{Category: driver.Receptor, StreamID: "order-9", Name: "ship"}, {Category: driver.Receptor, StreamID: "order-9", Name: "ship"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := coord.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: time.Minute, MaxPerCategory: 10, Categories: []driver.Category{driver.Receptor}})
+	if err != nil || len(res.Work) != 2 {
+		t.Fatalf("claim of the receptor stream: %+v, %v", res, err)
+	}
+	if _, err := coord.Release(ctx, inst, []driver.Ref{res.Work[1].Ref()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := coord.Fail(ctx, driver.FailRequest{InstanceID: inst, MaxAttempts: 5, RetryBase: time.Second, RetryMax: time.Second,
+		Failures: []driver.Failure{{Ref: res.Work[0].Ref(), Error: "carrier rejected", Permanent: true, HoldStream: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, env, "streams", "held", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "order-9") || !strings.Contains(r.stdout, hold[0].String()) || !strings.Contains(r.stdout, "carrier rejected") {
+		t.Fatalf("streams held: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "status", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "streams held by a dead letter: 1") {
+		t.Fatalf("status with a held stream: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "status", "--schema", schema, "--json")
+	var st statusReport
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.Backlog["receptor"].Held != 1 || st.Backlog["receptor"].Scheduled != 0 {
+		t.Fatalf("status --json with a held stream: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r = runCLI(t, env, "dead", "retry", hold[0].String(), "--schema", schema); r.code != 0 || !strings.Contains(r.stdout, "retried 1") {
+		t.Fatalf("dead retry of the held item: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "streams", "held", "--schema", schema, "--json")
+	if r.code != 0 || strings.TrimSpace(r.stdout) != `{"held_streams":[]}` {
+		t.Fatalf("streams held after the retry: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	res, err = coord.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: time.Minute, MaxPerCategory: 10, Categories: []driver.Category{driver.Receptor}})
+	if err != nil || len(res.Work) != 2 || res.Work[0].ID != hold[0] || res.Work[1].ID != hold[1] {
+		t.Fatalf("claim after the retry: %+v, %v; want the held item first, then the one behind it", res.Work, err)
 	}
 }

@@ -5,6 +5,7 @@
 //	workpump migrate up|down|status --database-url URL [--schema S]
 //	workpump status  --database-url URL [--schema S] [--json]
 //	workpump dead    list|show|retry|discard --database-url URL [--schema S] [filter flags] [--json]
+//	workpump streams held --database-url URL [--schema S] [--json]
 //	workpump bench   [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--repeat N] [--json]
 //
 // Exit status: 0 success, 1 failure, 2 usage error.
@@ -39,6 +40,7 @@ func commands() []command {
 		{"migrate", "apply, roll back or show the Postgres schema migrations", runMigrate},
 		{"status", "show live instances, backlog and dead letters of a Postgres schema", runStatus},
 		{"dead", "list, show, retry or discard dead letters", runDead},
+		{"streams", "list the streams held by a dead letter", runStreams},
 		{"bench", "measure burn-down throughput or pickup latency", runBench},
 	}
 }

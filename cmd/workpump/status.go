@@ -46,6 +46,7 @@ type statusBacklog struct {
 	Leased    int `json:"leased"`
 	Orphaned  int `json:"orphaned"`
 	Processed int `json:"processed"`
+	Held      int `json:"held"` // dead letters holding their streams
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -115,7 +116,7 @@ func buildStatus(schema string, st driver.Stats) statusReport {
 	}
 	for _, c := range driver.Categories {
 		cs := st.Categories[c]
-		rep.Backlog[string(c)] = statusBacklog{Ready: cs.Ready, Scheduled: cs.Scheduled, Leased: cs.Leased, Orphaned: cs.Orphaned, Processed: cs.Processed}
+		rep.Backlog[string(c)] = statusBacklog{Ready: cs.Ready, Scheduled: cs.Scheduled, Leased: cs.Leased, Orphaned: cs.Orphaned, Processed: cs.Processed, Held: cs.Held}
 	}
 	return rep
 }
@@ -157,10 +158,15 @@ func printStatus(w io.Writer, rep statusReport) {
 		fmt.Fprintf(w, "  %s  %-16s %s pid %d  heartbeat %.1fs ago  alive-lock %s  leases:%s\n",
 			in.ID, in.Service, in.Host, in.PID, in.LastHeartbeatAgeSec, lock, leases)
 	}
-	fmt.Fprintf(w, "\nbacklog            ready  scheduled  leased  orphaned  processed\n")
+	fmt.Fprintf(w, "\nbacklog            ready  scheduled  leased  orphaned  processed  held\n")
+	held := 0
 	for _, c := range driver.Categories {
 		b := rep.Backlog[string(c)]
-		fmt.Fprintf(w, "  %-17s %6d %10d %7d %9d %10d\n", c, b.Ready, b.Scheduled, b.Leased, b.Orphaned, b.Processed)
+		held += b.Held
+		fmt.Fprintf(w, "  %-17s %6d %10d %7d %9d %10d %5d\n", c, b.Ready, b.Scheduled, b.Leased, b.Orphaned, b.Processed, b.Held)
 	}
 	fmt.Fprintf(w, "\ndead letters: %d\n", rep.DeadLetters)
+	if held > 0 {
+		fmt.Fprintf(w, "streams held by a dead letter: %d (workpump streams held)\n", held)
+	}
 }
