@@ -179,9 +179,9 @@ func ValidateNewWork(items []NewWork) error {
 		if err := ValidateTime(fmt.Sprintf("items[%d].ScheduledFor", i), it.ScheduledFor); err != nil {
 			return err
 		}
-		if !it.ScheduledFor.Before(HeldUntil) {
-			return fmt.Errorf("%w: items[%d].ScheduledFor: %s is not before %s, the schedule of held items",
-				ErrInvalidArgument, i, it.ScheduledFor.UTC().Format(time.RFC3339Nano), HeldUntil.Format(time.RFC3339))
+		if it.ScheduledFor.Truncate(time.Microsecond).Equal(HeldUntil) {
+			return fmt.Errorf("%w: items[%d].ScheduledFor: %s is the schedule that marks held items; pick another instant",
+				ErrInvalidArgument, i, HeldUntil.Format(time.RFC3339))
 		}
 	}
 	return nil
@@ -190,7 +190,8 @@ func ValidateNewWork(items []NewWork) error {
 // HeldUntil is the schedule of a held item: one dead-lettered with
 // Failure.HoldStream that stays in its category, never due, so the later
 // items of its stream wait until an operator retries it (it runs again in
-// its place) or discards it. No enqueued item may be scheduled this late.
+// its place) or discards it. No enqueued item may be scheduled at this
+// instant (a later one is accepted: it is an ordinary far-future item).
 var HeldUntil = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
 // ValidateMetadata accepts empty input or a JSON object of at most
