@@ -470,7 +470,11 @@ func (d *dispatcher) runOne(w driver.Work, h *loops.LeaseHandle, claim uint64) e
 			p.log.Debug("handler snoozed its item", "ref", w.Ref().String(), "stream", w.StreamID, "name", w.Name, "for", f.RetryAfter.String())
 		} else {
 			p.stats.failed.Add(1)
-			p.log.Warn("handler failed", "ref", w.Ref().String(), "stream", w.StreamID, "name", w.Name, "permanent", f.Permanent, "error", err)
+			msg := "handler failed"
+			if f.Permanent {
+				msg = "handler failed permanently"
+			}
+			p.log.Warn(msg, "ref", w.Ref().String(), "stream", w.StreamID, "name", w.Name, "error", err)
 		}
 		p.queueFailure(f, err)
 		return err

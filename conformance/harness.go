@@ -73,6 +73,11 @@ const (
 	// belong to no instance: it is armed with uuid.Nil. A store whose
 	// action is one atomic step holds the call before that step.
 	PauseDeadLettersAfterLock PausePoint = "dead_letters.after_lock"
+	// PauseCancelAfterLock is inside CancelWork, after it locked the
+	// streams and the rows it matched and before it checks or removes
+	// anything; armed with uuid.Nil. A store whose cancel is one atomic
+	// step holds the call before that step.
+	PauseCancelAfterLock PausePoint = "cancel.after_lock"
 )
 
 // Pauser holds one instance's calls at a pause point.

@@ -103,6 +103,7 @@ func allCases() []testCase {
 		purgeCases(),
 		deadLetterCases(),
 		outcomeCases(),
+		cancelCases(),
 		concurrencyCases(),
 		raceCases(),
 		livenessCases(),

@@ -153,10 +153,15 @@ type DeadLetterActionResult struct {
 // whose IDs name items that are not dead letters.
 var ErrNotDeadLettered = fmt.Errorf("%w: not dead-lettered", ErrInvalidArgument)
 
-// IDsError is the error of an action asked for IDs that are not all dead
-// letters: it names each one, and the action changed nothing.
+// IDsError is the error of an action asked for IDs that are not all what
+// it acts on (dead letters; for a cancel, items to cancel): it names each
+// one, and the action changed nothing.
 type IDsError struct {
-	// Unknown are ids no row of the store holds.
+	// Pending says the action wanted items to cancel rather than dead
+	// letters: Unknown then lists ids with no unprocessed, unheld item.
+	Pending bool
+	// Unknown are ids no row of the store holds (for a cancel: no item
+	// that can be cancelled).
 	Unknown []uuid.UUID
 	// Live are ids held by a row of a category (pending, leased or
 	// processed and kept), not by a dead letter.
@@ -166,17 +171,29 @@ type IDsError struct {
 func (e *IDsError) Error() string {
 	var parts []string
 	for _, id := range e.Unknown {
+		if e.Pending {
+			parts = append(parts, id.String()+": no item to cancel (unknown, processed, dead-lettered or held)")
+			continue
+		}
 		parts = append(parts, id.String()+": unknown id")
 	}
 	for _, r := range e.Live {
 		parts = append(parts, fmt.Sprintf("%s: not a dead letter (a row of %s)", r.ID, r.Category))
 	}
+	if e.Pending {
+		return fmt.Sprintf("%v: %d of the IDs: %s; nothing was changed", ErrInvalidArgument, len(parts), strings.Join(parts, ", "))
+	}
 	return fmt.Sprintf("%v: %d of the IDs: %s; nothing was changed", ErrNotDeadLettered, len(parts), strings.Join(parts, ", "))
 }
 
-// Unwrap makes errors.Is(err, ErrNotDeadLettered) and
-// errors.Is(err, ErrInvalidArgument) hold.
-func (e *IDsError) Unwrap() error { return ErrNotDeadLettered }
+// Unwrap makes errors.Is(err, ErrInvalidArgument) hold, and for the
+// dead-letter actions errors.Is(err, ErrNotDeadLettered).
+func (e *IDsError) Unwrap() error {
+	if e.Pending {
+		return ErrInvalidArgument
+	}
+	return ErrNotDeadLettered
+}
 
 // AsIDsError returns err's IDsError, if it has one.
 func AsIDsError(err error) (*IDsError, bool) {

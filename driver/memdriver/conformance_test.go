@@ -45,6 +45,9 @@ func (p pauser) Arm(point conformance.PausePoint, id uuid.UUID) (conformance.Pau
 	case conformance.PauseDeadLettersAfterLock:
 		reached, release := p.s.HoldDeadLetterActions()
 		return hold{reached, release}, nil
+	case conformance.PauseCancelAfterLock:
+		reached, release := p.s.HoldCancels()
+		return hold{reached, release}, nil
 	}
 	return nil, fmt.Errorf("memdriver: no pause point %q", point)
 }

@@ -21,6 +21,7 @@ const (
 	holdClaim holdKind = iota
 	holdRenew
 	holdDeadLetters
+	holdCancel
 )
 
 type holdKey struct {
@@ -60,6 +61,12 @@ func (s *Store) HoldDeadLetterActions() (reached <-chan struct{}, release func()
 	return s.hold(holdKey{holdDeadLetters, uuid.Nil})
 }
 
+// HoldCancels is HoldDeadLetterActions for CancelWork: the next call
+// waits, before it reads anything, until release is called.
+func (s *Store) HoldCancels() (reached <-chan struct{}, release func()) {
+	return s.hold(holdKey{holdCancel, uuid.Nil})
+}
+
 func (s *Store) hold(k holdKey) (reached <-chan struct{}, release func()) {
 	h := &claimHold{reached: make(chan struct{}), released: make(chan struct{})}
 	s.holds.mu.Lock()
@@ -84,7 +91,7 @@ func (s *Store) hold(k holdKey) (reached <-chan struct{}, release func()) {
 func (s *Store) waitHold(ctx context.Context, kind holdKind, instanceID uuid.UUID) error {
 	s.holds.mu.Lock()
 	h := s.holds.by[holdKey{kind, instanceID}]
-	if h != nil && kind == holdDeadLetters { // one call only
+	if h != nil && (kind == holdDeadLetters || kind == holdCancel) { // one call only
 		delete(s.holds.by, holdKey{kind, instanceID})
 	}
 	s.holds.mu.Unlock()

@@ -28,6 +28,7 @@ var (
 	callRenew          = call{"wp_renew_leases", []string{"uuid", "text", "uuid[]", "bigint", "timestamptz"}, true}
 	callComplete       = call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
 	callFail           = call{"wp_fail", []string{"uuid", "text[]", "uuid[]", "integer[]", "text[]", "bigint[]", "integer", "bigint", "bigint", "timestamptz", "text[]", "boolean[]"}, true}
+	callFailPlain      = call{"wp_fail", callFail.params[:10], true} // version 7's arguments
 	callRelease        = call{"wp_release", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
 	callHeartbeat      = call{"wp_record_heartbeat", []string{"uuid", "text", "text", "integer", "text", "bigint", "bigint", "timestamptz", "boolean", "bigint", "boolean", "bigint"}, true}
 	callCleanup        = call{"wp_cleanup_stale_instances", []string{"bigint", "bigint", "timestamptz", "bigint"}, true}
@@ -42,6 +43,7 @@ var (
 	callStatsLeases    = call{"wp_stats_leases", []string{"timestamptz"}, true}
 	callStatsHeld      = call{"wp_stats_held", nil, true}
 	callHeldStreams    = call{"wp_held_streams", []string{"integer"}, true}
+	callCancel         = call{"wp_cancel_work", []string{"text", "uuid[]", "text", "timestamptz"}, true}
 	callPartitionCount = call{"wp_partition_count", []string{"integer", "timestamptz"}, false}
 )
 
@@ -150,9 +152,10 @@ func (st claimTexts) forCategories(cats []driver.Category) string {
 type statements struct {
 	enqueue, enqueuePrepare, completeInTx          string
 	claim, renew, complete, fail, release          string
+	failPlain                                      string
 	heartbeat, cleanup, deregister, purge          string
 	getWork, listInstances, findDead, streamOwner  string
-	actDead, statsHeld, heldStreams                string
+	actDead, statsHeld, heldStreams, cancel        string
 	stats, statsLeases, deadCount, version, counts string
 	functions                                      string // migrations.FunctionsSQL
 	copyInto                                       copyStatements
@@ -178,6 +181,7 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 		renew:          ack(callRenew, schema, ph),
 		complete:       ack(callComplete, schema, ph),
 		fail:           ack(callFail, schema, ph),
+		failPlain:      ack(callFailPlain, schema, ph),
 		release:        ack(callRelease, schema, ph),
 		heartbeat:      callHeartbeat.sql(schema, ph),
 		cleanup:        callCleanup.sql(schema, ph),
@@ -192,6 +196,7 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 		statsLeases:    callStatsLeases.sql(schema, ph),
 		statsHeld:      callStatsHeld.sql(schema, ph),
 		heldStreams:    callHeldStreams.sql(schema, ph),
+		cancel:         callCancel.sql(schema, ph),
 		counts:         callPartitionCount.sql(schema, ph),
 		deadCount:      `SELECT count(*) FROM ` + s + `.wp_dead_letters`,
 		version:        `SELECT max(version) FROM ` + s + `.` + migrations.VersionTable,

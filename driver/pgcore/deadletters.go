@@ -185,3 +185,55 @@ func (c *Core) ListHeldStreams(ctx context.Context, limit int) ([]driver.HeldStr
 	}
 	return out, nil
 }
+
+// CancelWork removes the pending and leased items r names (see
+// driver.WorkCanceller).
+func (c *Core) CancelWork(ctx context.Context, r driver.CancelRequest) (driver.CancelResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.CancelResult{}, err
+	}
+	if err := r.Validate(); err != nil {
+		return driver.CancelResult{}, fmt.Errorf("%s: CancelWork: %w", c.name, err)
+	}
+	var cat, ids, stream any
+	if r.Category != "" {
+		cat = string(r.Category)
+	}
+	if len(r.IDs) > 0 {
+		ids = c.d.array(c.db, r.IDs)
+	} else {
+		stream = r.StreamID
+	}
+	var (
+		res    driver.CancelResult
+		idsErr = driver.IDsError{Pending: true}
+	)
+	err := c.each(ctx, "CancelWork", c.sql.cancel, []any{cat, ids, stream, c.nowArg()}, func(rows Rows) error {
+		var (
+			category, outcome string
+			id                uuid.UUID
+			att               int32
+			leased            bool
+		)
+		if err := rows.Scan(&category, &id, &att, &leased, &outcome); err != nil {
+			return err
+		}
+		if outcome == "unknown" {
+			idsErr.Unknown = append(idsErr.Unknown, id)
+			return nil
+		}
+		ref := driver.Ref{Category: driver.Category(category), ID: id, Attempts: int(att)}
+		res.Cancelled = append(res.Cancelled, ref)
+		if leased {
+			res.Leased = append(res.Leased, ref)
+		}
+		return nil
+	})
+	if err != nil {
+		return driver.CancelResult{}, err
+	}
+	if len(idsErr.Unknown) > 0 {
+		return driver.CancelResult{}, fmt.Errorf("%s: CancelWork: %w", c.name, &idsErr)
+	}
+	return res, nil
+}
