@@ -25,6 +25,10 @@ type (
 	DeadLetterActionResult = driver.DeadLetterActionResult
 	// HeldStream is a stream held by its dead letter (StreamPolicy.Hold).
 	HeldStream = driver.HeldStream
+	// CancelRequest names work to cancel: IDs, or a stream.
+	CancelRequest = driver.CancelRequest
+	// CancelResult lists the cancelled items, and which were leased.
+	CancelResult = driver.CancelResult
 	// IDsError names the ids of an action that are not dead letters; the
 	// action changed nothing.
 	IDsError = driver.IDsError
@@ -38,7 +42,8 @@ var ErrNotDeadLettered = driver.ErrNotDeadLettered
 // operations do, for programs of your own. It needs no running Pump and
 // acts on every instance's work.
 type Admin struct {
-	dead driver.DeadLetterOperator
+	dead   driver.DeadLetterOperator
+	cancel driver.WorkCanceller
 }
 
 // NewAdmin returns the Admin of coord. It fails when the driver does not
@@ -51,7 +56,11 @@ func NewAdmin(coord Coordinator) (*Admin, error) {
 	if !ok {
 		return nil, invalid("NewAdmin", "%T does not implement driver.DeadLetterOperator", coord)
 	}
-	return &Admin{dead: dead}, nil
+	cancel, ok := coord.(driver.WorkCanceller)
+	if !ok {
+		return nil, invalid("NewAdmin", "%T does not implement driver.WorkCanceller", coord)
+	}
+	return &Admin{dead: dead, cancel: cancel}, nil
 }
 
 // DeadLetters returns one page of the dead letters that match q.Filter, in
@@ -121,4 +130,21 @@ func (a *Admin) HeldStreams(ctx context.Context, limit int) ([]HeldStream, error
 		return nil, opErr("HeldStreams", err)
 	}
 	return h, nil
+}
+
+// Cancel removes the unprocessed items r names, by id or by stream,
+// pending or leased. A leased item's handler may still be running: its
+// pump learns of the cancel at the item's next lease renewal, which ends
+// the handler's context (cause ErrLeaseLost), or at its ack, which the
+// store refuses; either way the item does not run again. The items behind
+// a cancelled one in its stream run at once. Ids that name nothing to
+// cancel (unknown, processed, dead-lettered, or a held dead letter, which
+// DiscardDeadLetters ends) fail the call with an *IDsError, and nothing is
+// cancelled.
+func (a *Admin) Cancel(ctx context.Context, r CancelRequest) (CancelResult, error) {
+	res, err := a.cancel.CancelWork(ctx, r)
+	if err != nil {
+		return CancelResult{}, opErr("Cancel", err)
+	}
+	return res, nil
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -82,4 +85,56 @@ func TestAdmin_DeadLetterIsTheLatestOfTheID(t *testing.T) {
 	if _, err := admin.DiscardDeadLetters(ctx, workpump.DeadLetterAction{}); !errors.Is(err, workpump.ErrInvalidArgument) || !strings.Contains(err.Error(), "All") {
 		t.Fatalf("DiscardDeadLetters(empty) = %v, want it refused, naming All", err)
 	}
+}
+
+// A cancel reaches a running handler at its next renewal: its context ends
+// with ErrLeaseLost and the item is not run again.
+func TestAdmin_CancelEndsARunningHandlerAtItsNextRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		opts := quietOptions()
+		opts.Claim.Lease = 30 * time.Second
+		opts.Renewal.LeaseGrace = 5 * time.Second
+		p := newPump(t, s, opts)
+		started := make(chan uuid.UUID, 4)
+		var mu sync.Mutex
+		var causes []error
+		p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+			started <- w.ID
+			<-ctx.Done()
+			mu.Lock()
+			causes = append(causes, context.Cause(ctx))
+			mu.Unlock()
+			return ctx.Err()
+		})
+		p.Start(t.Context())
+		ids := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "c"})
+		if got := <-started; got != ids[0] {
+			t.Fatalf("started %v, want %v", got, ids[0])
+		}
+		admin, err := workpump.NewAdmin(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := admin.Cancel(context.Background(), workpump.CancelRequest{IDs: ids})
+		if err != nil || len(res.Leased) != 1 {
+			t.Fatalf("Cancel = %+v, %v; want the running item cancelled while leased", res, err)
+		}
+		// The renewal at a third of the lease left finds the row gone.
+		waitFor(t, time.Minute, "the handler's context to end", func() bool { mu.Lock(); defer mu.Unlock(); return len(causes) == 1 })
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		stop(t, p)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(causes) != 1 || !errors.Is(causes[0], workpump.ErrLeaseLost) {
+			t.Fatalf("handler context causes %v, want one ErrLeaseLost", causes)
+		}
+		if len(started) != 0 {
+			t.Fatalf("the cancelled item ran again")
+		}
+		if !rowGone(s, driver.Outbox, ids[0]) {
+			t.Fatal("the cancelled row is back")
+		}
+	})
 }

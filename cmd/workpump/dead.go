@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -76,7 +77,7 @@ func (f *deadFlags) filter(ids []uuid.UUID, now time.Time) (driver.DeadLetterFil
 	fl := driver.DeadLetterFilter{Category: driver.Category(*f.category), Name: *f.name, StreamID: *f.stream, ErrorContains: *f.errEq, IDs: ids}
 	if fl.Category != "" {
 		if err := fl.Category.Validate(); err != nil {
-			return fl, usagef("--category: %v", err)
+			return fl, usagef("--category: %s", strings.TrimPrefix(err.Error(), "workpump: "))
 		}
 	}
 	if len(ids) > 0 && (fl.Name != "" || fl.StreamID != "" || fl.ErrorContains != "" || *f.since != "" || *f.until != "") {
@@ -490,5 +491,96 @@ func runStreams(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	fmt.Fprintln(stdout, "workpump dead retry ID runs the item again in its place; workpump dead discard ID lets its stream go on")
+	return nil
+}
+
+// runCancel is `workpump cancel`: remove pending or leased items.
+func runCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const synopsis = `cancel ID... | --stream S  [--category C] [--yes] [--json] --database-url URL [--schema S]
+
+Removes unprocessed items, pending or leased. A running handler of a
+cancelled item learns it at its next lease renewal or ack (both refused);
+the item does not run again. Cancelling a stream asks first, unless --yes.`
+	fs := newFlagSet("cancel", synopsis, stderr)
+	db := databaseURLFlag(fs)
+	schema := fs.String("schema", migrations.DefaultSchema, "schema holding the workpump tables")
+	category := fs.String("category", "", "only items of this category")
+	stream := fs.String("stream", "", "cancel every unprocessed item of this stream")
+	yes := fs.Bool("yes", false, "do not ask before cancelling a stream")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	req := driver.CancelRequest{Category: driver.Category(*category), StreamID: *stream}
+	for _, p := range pos {
+		id, err := uuid.Parse(p)
+		if err != nil {
+			return usagef("%q is not an item id (a UUID)", p)
+		}
+		req.IDs = append(req.IDs, id)
+	}
+	if err := req.Validate(); err != nil {
+		msg := strings.TrimPrefix(err.Error(), driver.ErrInvalidArgument.Error()+": ")
+		switch {
+		case len(req.IDs) == 0 && req.StreamID == "":
+			msg = "give item IDs or --stream"
+		case len(req.IDs) > 0 && req.StreamID != "":
+			msg = "give item IDs or --stream, not both"
+		case req.Category != "" && req.Category.Validate() != nil:
+			msg = "--category: " + strings.TrimPrefix(req.Category.Validate().Error(), "workpump: ")
+		}
+		return usageError{msg}
+	}
+	if err := checkSchemaFlag(*schema); err != nil {
+		return err
+	}
+	if req.StreamID != "" && !*yes {
+		what := "every unprocessed item"
+		if req.Category != "" {
+			what += " of " + string(req.Category)
+		}
+		fmt.Fprintf(stderr, "Cancel %s in stream %q? [y/N] ", what, req.StreamID)
+		line, _ := bufio.NewReader(stdin).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			return errors.New("not confirmed: nothing was changed (--yes skips the question)")
+		}
+	}
+	pool, err := openPool(ctx, *db, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *schema, DisableListener: true})
+	if err != nil {
+		return err
+	}
+	if err := coord.CheckVersion(ctx); err != nil {
+		return err
+	}
+	admin, err := workpump.NewAdmin(coord)
+	if err != nil {
+		return err
+	}
+	res, err := admin.Cancel(ctx, req)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		type ref struct {
+			Category string    `json:"category"`
+			ID       uuid.UUID `json:"id"`
+			Leased   bool      `json:"leased"`
+		}
+		out := []ref{}
+		for _, r := range res.Cancelled {
+			out = append(out, ref{string(r.Category), r.ID, slices.ContainsFunc(res.Leased, func(l driver.Ref) bool { return l.ID == r.ID && l.Category == r.Category })})
+		}
+		return json.NewEncoder(stdout).Encode(map[string]any{"cancelled": out})
+	}
+	fmt.Fprintf(stdout, "cancelled %d item(s), %d of them leased (their handlers' renewals and acks are refused)\n", len(res.Cancelled), len(res.Leased))
+	for _, r := range res.Cancelled {
+		fmt.Fprintf(stdout, "  %s %s\n", r.Category, r.ID)
+	}
 	return nil
 }

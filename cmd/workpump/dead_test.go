@@ -50,6 +50,10 @@ func TestCLI_DeadUsageErrors(t *testing.T) {
 		{[]string{"dead", "retry", uuid.NewString(), "--stream", "s"}, "IDs combine only with --category"},
 		{[]string{"dead", "list", "--since", "yesterday"}, `--since: "yesterday" is neither an RFC 3339 time nor a duration`},
 		{[]string{"streams"}, "missing action: held"},
+		{[]string{"cancel"}, "give item IDs or --stream"},
+		{[]string{"cancel", uuid.NewString(), "--stream", "s"}, "give item IDs or --stream, not both"},
+		{[]string{"cancel", "--stream", "s", "--category", "jobs"}, `--category: unknown category: "jobs"`},
+		{[]string{"cancel", "x1"}, `"x1" is not an item id`},
 		{[]string{"streams", "free"}, `unknown action "free"`},
 		{[]string{"streams", "held", "--limit", "-1"}, "--limit must be >= 0"},
 	} {
@@ -242,5 +246,43 @@ func TestCLI_DeadLetters(t *testing.T) {
 	res, err = coord.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: time.Minute, MaxPerCategory: 10, Categories: []driver.Category{driver.Receptor}})
 	if err != nil || len(res.Work) != 2 || res.Work[0].ID != hold[0] || res.Work[1].ID != hold[1] {
 		t.Fatalf("claim after the retry: %+v, %v; want the held item first, then the one behind it", res.Work, err)
+	}
+
+	// Cancel: a leased and a pending item of one stream.
+	c, err := coord.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: "c1"}, {Category: driver.Outbox, StreamID: "c1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := coord.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: time.Minute, MaxPerCategory: 1, Categories: []driver.Category{driver.Outbox}}); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLIInput(t, env, "\n", "cancel", "--stream", "c1", "--schema", schema)
+	if r.code != 1 || !strings.Contains(r.stderr, `Cancel every unprocessed item in stream "c1"? [y/N]`) || !strings.Contains(r.stderr, "nothing was changed") {
+		t.Fatalf("cancel --stream, not confirmed: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r = runCLI(t, env, "cancel", c[1].String(), unknown.String(), "--schema", schema); r.code != 1 || !strings.Contains(r.stderr, unknown.String()+": no item to cancel") {
+		t.Fatalf("cancel with an unknown id: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "cancel", "--stream", "c1", "--yes", "--json", "--schema", schema)
+	var cj struct {
+		Cancelled []struct {
+			ID     uuid.UUID `json:"id"`
+			Leased bool      `json:"leased"`
+		} `json:"cancelled"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &cj) != nil || len(cj.Cancelled) != 2 {
+		t.Fatalf("cancel --stream --yes --json: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	leased := 0
+	for _, x := range cj.Cancelled {
+		if x.Leased {
+			leased++
+		}
+		if _, ok, _ := coord.GetWork(ctx, driver.Outbox, x.ID); ok {
+			t.Fatalf("cancelled item %s is still there", x.ID)
+		}
+	}
+	if leased != 1 {
+		t.Fatalf("cancel --json: %+v, want one of the two leased", cj)
 	}
 }

@@ -6,6 +6,7 @@
 //	workpump status  --database-url URL [--schema S] [--json]
 //	workpump dead    list|show|retry|discard --database-url URL [--schema S] [filter flags] [--json]
 //	workpump streams held --database-url URL [--schema S] [--json]
+//	workpump cancel  ID... | --stream S [--category C] [--yes] --database-url URL [--schema S] [--json]
 //	workpump bench   [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--repeat N] [--json]
 //
 // Exit status: 0 success, 1 failure, 2 usage error.
@@ -41,6 +42,7 @@ func commands() []command {
 		{"status", "show live instances, backlog and dead letters of a Postgres schema", runStatus},
 		{"dead", "list, show, retry or discard dead letters", runDead},
 		{"streams", "list the streams held by a dead letter", runStreams},
+		{"cancel", "cancel pending or leased items, by id or by stream", runCancel},
 		{"bench", "measure burn-down throughput or pickup latency", runBench},
 	}
 }
