@@ -2,6 +2,7 @@ package workpump
 
 import (
 	"context"
+	"errors"
 
 	"github.com/google/uuid"
 
@@ -56,10 +57,7 @@ func NewAdmin(coord Coordinator) (*Admin, error) {
 	if !ok {
 		return nil, invalid("NewAdmin", "%T does not implement driver.DeadLetterOperator", coord)
 	}
-	cancel, ok := coord.(driver.WorkCanceller)
-	if !ok {
-		return nil, invalid("NewAdmin", "%T does not implement driver.WorkCanceller", coord)
-	}
+	cancel, _ := coord.(driver.WorkCanceller) // optional: Cancel says when it is missing
 	return &Admin{dead: dead, cancel: cancel}, nil
 }
 
@@ -142,6 +140,9 @@ func (a *Admin) HeldStreams(ctx context.Context, limit int) ([]HeldStream, error
 // DiscardDeadLetters ends) fail the call with an *IDsError, and nothing is
 // cancelled.
 func (a *Admin) Cancel(ctx context.Context, r CancelRequest) (CancelResult, error) {
+	if a.cancel == nil {
+		return CancelResult{}, opErr("Cancel", errors.New("the driver does not implement driver.WorkCanceller"))
+	}
 	res, err := a.cancel.CancelWork(ctx, r)
 	if err != nil {
 		return CancelResult{}, opErr("Cancel", err)

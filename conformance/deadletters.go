@@ -170,6 +170,10 @@ func deadFind(e *env) {
 	e.wantFound("Since the second", driver.DeadLetterFilter{Since: at[1]}, d2.ID, d3.ID, d4.ID)
 	e.wantFound("Until the second", driver.DeadLetterFilter{Until: at[1]}, d1.ID)
 	e.wantFound("Since the second, until the fourth", driver.DeadLetterFilter{Since: at[1], Until: at[3]}, d2.ID, d3.ID)
+	// Bounds count at microseconds, truncated: 500 ns past a time still
+	// includes it as Since and excludes it as Until.
+	e.wantFound("Since 500 ns past the second", driver.DeadLetterFilter{Since: at[1].Add(500)}, d2.ID, d3.ID, d4.ID)
+	e.wantFound("Until 500 ns past the second", driver.DeadLetterFilter{Until: at[1].Add(500)}, d1.ID)
 	e.wantFound("IDs", driver.DeadLetterFilter{IDs: []uuid.UUID{d4.ID, d2.ID}}, d2.ID, d4.ID)
 	e.wantFound("IDs of another category", driver.DeadLetterFilter{IDs: []uuid.UUID{d2.ID}, Category: driver.Outbox})
 	e.wantFound("everything at once", driver.DeadLetterFilter{Category: driver.Outbox, Name: "other", StreamID: "dl-s2",
@@ -335,6 +339,8 @@ func deadBadInput(e *env) {
 			{driver.DeadLetterAction{Filter: driver.DeadLetterFilter{Category: "nope"}}, driver.ErrUnknownCategory, "Category"},
 			{driver.DeadLetterAction{Filter: driver.DeadLetterFilter{Since: e.now(), Until: e.now()}}, driver.ErrInvalidArgument, "Since"},
 			{driver.DeadLetterAction{Filter: driver.DeadLetterFilter{StreamID: "a\x00b"}}, driver.ErrInvalidArgument, "StreamID"},
+			{driver.DeadLetterAction{Filter: driver.DeadLetterFilter{Name: "\xff"}}, driver.ErrInvalidArgument, "Name"},
+			{driver.DeadLetterAction{Filter: driver.DeadLetterFilter{Since: time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)}}, driver.ErrInvalidArgument, "Since"},
 		} {
 			_, err := e.act(retry, c.a)
 			e.wantErr(err, c.err, c.field, "dead letter action with bad input")
@@ -349,6 +355,10 @@ func deadBadInput(e *env) {
 		{driver.DeadLetterQuery{Limit: -1}, "Limit"},
 		{driver.DeadLetterQuery{Limit: 1, After: -1}, "After"},
 		{driver.DeadLetterQuery{Limit: 1, Filter: driver.DeadLetterFilter{IDs: []uuid.UUID{uuid.Nil}}}, "IDs[0]"},
+		{driver.DeadLetterQuery{Limit: 1, Filter: driver.DeadLetterFilter{StreamID: "\xff"}}, "StreamID"},
+		{driver.DeadLetterQuery{Limit: 1, Filter: driver.DeadLetterFilter{ErrorContains: "a\xc3"}}, "ErrorContains"},
+		{driver.DeadLetterQuery{Limit: 1, Filter: driver.DeadLetterFilter{Until: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}}, "Until"},
+		{driver.DeadLetterQuery{Limit: 1, Filter: driver.DeadLetterFilter{Since: time.Unix(0, 500), Until: time.Unix(0, 900)}}, "Since"},
 	} {
 		_, err := ops.FindDeadLetters(e.ctx, c.q)
 		e.wantErr(err, driver.ErrInvalidArgument, c.field, "FindDeadLetters with bad input")

@@ -23,6 +23,8 @@ func outcomeCases() []testCase {
 		{name: "Holds/DiscardLetsTheStreamGoOn", run: holdDiscard},
 		{name: "Holds/AnItemWithoutAStreamHoldsNothing", run: holdStreamless},
 		{name: "Holds/RetryAndDiscardWakeTheStreamsClaimer", needs: needSignals, run: holdWakes},
+		{name: "Holds/AnOlderDeathOfAHeldItemDoesNotEndTheHold", run: holdOlderDeath},
+		{name: "Holds/TheDeadLettersOfOneCallAreNumberedByCategoryThenSeq", run: deadNumbersOfOneCall},
 		enqueueReject("Enqueue/RejectsAScheduleAtHeldUntil", driver.ErrInvalidArgument, "ScheduledFor", func(f *fixture) []driver.NewWork {
 			w := item(driver.Outbox, "")
 			w.ScheduledFor = driver.HeldUntil
@@ -228,4 +230,68 @@ func holdWakes(e *env) {
 	e.wantWake(sub, "A (retry of a held dead letter)", driver.Signal{Kind: driver.SignalWork, Category: driver.Outbox})
 	e.mustAct(false, driver.DeadLetterAction{Filter: driver.DeadLetterFilter{StreamID: s2}})
 	e.wantWake(sub, "A (discard of a held dead letter)", driver.Signal{Kind: driver.SignalWork, Category: driver.Outbox})
+}
+
+// holdOlderDeath: an item that died once, was enqueued again under its id
+// and died again holding its stream has two dead letters; acting on the
+// older one leaves the hold alone.
+func holdOlderDeath(e *env) {
+	a := e.instances(1)[0]
+	first := item(driver.Outbox, "held-twice")
+	e.enqueue(first)
+	e.killItems(a, "first death", first.ID)
+	again := item(driver.Outbox, "held-twice")
+	again.ID = first.ID
+	behind := item(driver.Outbox, "held-twice")
+	e.enqueue(again, behind)
+	res, got := e.failHead(a, driver.Failure{Error: "second death", Permanent: true, HoldStream: true}, 10)
+	e.wantAck("the second death, holding", res, 1, nil, []driver.Ref{got.Ref()})
+	older := driver.DeadLetterFilter{ErrorContains: "first death"}
+	if r := e.mustAct(true, driver.DeadLetterAction{Filter: older}); r.Matched != 1 || len(r.Done) != 0 || len(r.InUse) != 0 {
+		e.t.Fatalf("retry of the older dead letter of a held item = %+v, want it matched and removed, nothing retried", r)
+	}
+	if h := e.heldStreams(); len(h) != 1 || h[0].ID != first.ID || h[0].Error != "second death" {
+		e.t.Fatalf("held streams %+v, want the stream still held by the second death", h)
+	}
+	ws := e.mustBeUnleased(driver.Outbox, first.ID, 1, "the held item")
+	if !ws.ScheduledFor.Equal(driver.HeldUntil) {
+		e.t.Fatalf("the held item is scheduled for %v, want it still held", ws.ScheduledFor)
+	}
+	e.wantNone("claim behind the hold", e.claim(a))
+	e.wantDead("after removing the older dead letter", first.ID)
+	// Discarding the holding dead letter itself lets the stream go on.
+	if r := e.mustAct(false, driver.DeadLetterAction{Filter: driver.DeadLetterFilter{ErrorContains: "second death"}, DryRun: true}); r.Matched != 1 {
+		e.t.Fatalf("dry run = %+v, want the holding dead letter", r)
+	}
+	if r := e.mustAct(false, driver.DeadLetterAction{Filter: driver.DeadLetterFilter{ErrorContains: "second death"}}); len(r.Done) != 1 {
+		e.t.Fatalf("discard of the holding dead letter = %+v", r)
+	}
+	e.wantIDs("claim after the holding dead letter was discarded", e.claim(a).Work, behind.ID)
+}
+
+// deadNumbersOfOneCall: the dead letters of one Fail call are numbered by
+// category, then by Seq, whatever the order of the failures; held streams
+// list in the same order.
+func deadNumbersOfOneCall(e *env) {
+	a := e.instances(1)[0]
+	o1, i1, o2 := item(driver.Outbox, "num-a"), item(driver.Inbox, "num-b"), item(driver.Outbox, "num-c")
+	e.enqueue(o1, i1, o2)
+	got := e.claim(a).Work
+	refs := map[uuid.UUID]driver.Ref{}
+	for _, w := range got {
+		refs[w.ID] = w.Ref()
+	}
+	req := failReq(a)
+	for _, id := range []uuid.UUID{o2.ID, i1.ID, o1.ID} {
+		req.Failures = append(req.Failures, driver.Failure{Ref: refs[id], Error: "x", Permanent: true, HoldStream: true})
+	}
+	e.wantAck("three permanent failures", e.fail(req), 3, nil, []driver.Ref{refs[o2.ID], refs[i1.ID], refs[o1.ID]})
+	e.wantDead("numbered by category, then Seq", o1.ID, o2.ID, i1.ID)
+	var held []uuid.UUID
+	for _, h := range e.heldStreams() {
+		held = append(held, h.ID)
+	}
+	if want := []uuid.UUID{o1.ID, o2.ID, i1.ID}; !slices.Equal(held, want) {
+		e.t.Fatalf("held streams %v, want %v (their dead letters' order)", shortIDs(held), shortIDs(want))
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -50,11 +51,28 @@ func (f DeadLetterFilter) Validate() error {
 		if strings.ContainsRune(s.v, 0) {
 			return fmt.Errorf("%w: %s: contains a NUL byte", ErrInvalidArgument, s.name)
 		}
+		if !utf8.ValidString(s.v) {
+			return fmt.Errorf("%w: %s: not valid UTF-8", ErrInvalidArgument, s.name)
+		}
 	}
-	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
-		return fmt.Errorf("%w: Since %v is not before Until %v", ErrInvalidArgument, f.Since, f.Until)
+	if err := ValidateTime("Since", f.Since); err != nil {
+		return err
+	}
+	if err := ValidateTime("Until", f.Until); err != nil {
+		return err
+	}
+	since, until := f.Bounds()
+	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
+		return fmt.Errorf("%w: Since %s is not before Until %s", ErrInvalidArgument,
+			since.UTC().Format(time.RFC3339Nano), until.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
+}
+
+// Bounds returns Since and Until truncated to microseconds, the precision
+// at which every store compares them with DeadLetteredAt.
+func (f DeadLetterFilter) Bounds() (since, until time.Time) {
+	return f.Since.Truncate(time.Microsecond), f.Until.Truncate(time.Microsecond)
 }
 
 // Matches reports whether d passes f (for stores that filter in Go).
@@ -64,8 +82,8 @@ func (f DeadLetterFilter) Matches(d DeadLetter) bool {
 		f.Name != "" && d.Name != f.Name,
 		f.StreamID != "" && d.StreamID != f.StreamID,
 		f.ErrorContains != "" && !strings.Contains(strings.ToLower(d.Error), strings.ToLower(f.ErrorContains)),
-		!f.Since.IsZero() && d.DeadLetteredAt.Before(f.Since),
-		!f.Until.IsZero() && !d.DeadLetteredAt.Before(f.Until):
+		!f.Since.IsZero() && d.DeadLetteredAt.Before(f.Since.Truncate(time.Microsecond)),
+		!f.Until.IsZero() && !d.DeadLetteredAt.Before(f.Until.Truncate(time.Microsecond)):
 		return false
 	}
 	if len(f.IDs) > 0 {

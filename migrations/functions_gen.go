@@ -8,7 +8,7 @@ package migrations
 var expectedFunctions = functionSet{
 	version: 11,
 	list: []InstalledFunction{
-		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "898f19da93058c8487e433136a6c59ce"},
+		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
 		{Signature: "wp_cancel_work(text, uuid[], text, timestamp with time zone)", Checksum: "f4f10c09bd05922fa7df856b9f4d52f9"},
 		{Signature: "wp_channel(uuid)", Checksum: "be4f6d9974039587cc8205af6103bd0f"},
@@ -25,7 +25,8 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_get_stream_owner(text)", Checksum: "e0ff259964ccc945f3ce2a884dd5fa75"},
 		{Signature: "wp_get_work(text, uuid)", Checksum: "7b076788e977258542360d1da4e92ae6"},
 		{Signature: "wp_held_alive_locks(uuid[])", Checksum: "57da40ae1fb5f5cdc7e2758e7c790cb3"},
-		{Signature: "wp_held_streams(integer)", Checksum: "c6c1ee7821953b67b05f97bafd20dfb3"},
+		{Signature: "wp_held_streams(integer)", Checksum: "edfe8c2598f94470cabaa89bb0c40a9c"},
+		{Signature: "wp_holds_stream(text, uuid, bigint)", Checksum: "2f3e540e46c992c6cab6434b43fd0a53"},
 		{Signature: "wp_instance_states()", Checksum: "9a09f2e57fd9173e4a069715b2e0810d"},
 		{Signature: "wp_is_held(text, uuid)", Checksum: "a8e0c64c81416c30dcd5e81fc712228c"},
 		{Signature: "wp_list_dead_letters(integer)", Checksum: "e427d8534928d407ec9fe474f9cdb31d"},
@@ -35,7 +36,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_partition_count(integer, timestamp with time zone)", Checksum: "24581758a333196486d699aad930e12d"},
 		{Signature: "wp_pause_point(text, uuid)", Checksum: "d1d02e9feeee438299d95f6fea0bdcb5"},
 		{Signature: "wp_polls_by_itself(uuid)", Checksum: "e7ba9300dd1a8427c3ecf908dce272f6"},
-		{Signature: "wp_purge(bigint, bigint, bigint, timestamp with time zone)", Checksum: "e74ac6ca76a5428a69bee600055f245b"},
+		{Signature: "wp_purge(bigint, bigint, bigint, timestamp with time zone)", Checksum: "9137c0eaa6342ddc5f2fd033fe95ec02"},
 		{Signature: "wp_rank_key(integer)", Checksum: "834d40197dfe58d6fb1fef892d60d08f"},
 		{Signature: "wp_record_heartbeat(uuid, text, text, integer, text, bigint, bigint, timestamp with time zone, boolean, bigint, boolean, bigint)", Checksum: "96121f9020a667cb0fdab233f2245e50"},
 		{Signature: "wp_release(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "84f1d42e3252d203c4e6cce573521754"},

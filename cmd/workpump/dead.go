@@ -34,8 +34,11 @@ const deadSynopsis = `dead list    [filter flags] [--limit N] [--after CURSOR] [
 Filter flags: --category, --name, --stream, --error (substring, any case),
 --since and --until (RFC 3339, or a duration meaning that long ago on the
 database's clock). A retry puts each dead letter back as a ready item with
-zero attempts, at the end of its stream. Bulk actions (a filter or --all)
-show how many dead letters match and ask before acting, unless --yes.`
+zero attempts: at the end of its stream, or, when it holds its stream
+(workpump streams held), in its place, first. A discard of one that holds
+its stream lets the stream go on. Bulk actions (a filter or --all) show
+how many dead letters match and ask before acting, unless --yes; the
+action then touches what matches when it runs, and prints that count.`
 
 // deadFlags are the flags of every dead subcommand.
 type deadFlags struct {
@@ -357,10 +360,11 @@ func printAct(stdout io.Writer, asJSON bool, verb string, res driver.DeadLetterA
 			ID       uuid.UUID `json:"id"`
 		}
 		out := struct {
+			DryRun  bool  `json:"dry_run,omitempty"`
 			Matched int   `json:"matched"`
 			Done    []ref `json:"done"`
 			InUse   []ref `json:"in_use,omitempty"`
-		}{Matched: res.Matched, Done: []ref{}}
+		}{DryRun: verb == "would touch", Matched: res.Matched, Done: []ref{}}
 		for _, r := range res.Done {
 			out.Done = append(out.Done, ref{string(r.Category), r.ID})
 		}

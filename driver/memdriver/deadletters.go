@@ -83,7 +83,7 @@ func (s *Store) actOnDead(ctx context.Context, op string, retry bool, a driver.D
 			res.Done = append(res.Done, ref(d))
 			// A held item goes with its dead letter; its stream goes on.
 			c := s.cat(d.Category)
-			if r, ok := c.rows[d.ID]; ok && held(r) {
+			if r, ok := c.rows[d.ID]; ok && s.holdsStream(i) {
 				c.drop(r)
 				c.unpend(r, now)
 				if next := r.sc.compactHead(); next != nil {
@@ -112,11 +112,11 @@ func (s *Store) actOnDead(ctx context.Context, op string, retry bool, a driver.D
 			k := key{d.Category, d.ID}
 			c := s.cat(d.Category)
 			if r, inUse := c.rows[d.ID]; inUse && held(r) {
-				// A held item runs again in its place, first of its stream.
 				remove[i] = true
-				if latest[k] != i {
-					continue
+				if !s.holdsStream(i) {
+					continue // an older death of a held item: only removed
 				}
+				// A held item runs again in its place, first of its stream.
 				res.Done = append(res.Done, ref(d))
 				r.w.ScheduledFor = time.Time{}
 				r.w.Attempts = 0
@@ -193,6 +193,21 @@ func (s *Store) checkDeadIDs(f driver.DeadLetterFilter, matched []int) error {
 // held reports whether r is a held item (see driver.Failure.HoldStream).
 func held(r *row) bool {
 	return r != nil && !r.removed && r.instance == uuid.Nil && r.w.ScheduledFor.Equal(driver.HeldUntil)
+}
+
+// holdsStream reports whether dead letter i holds its stream: its item is
+// held and it is the item's latest dead letter.
+func (s *Store) holdsStream(i int) bool {
+	d := s.deadLetters[i]
+	if !s.isHeld(d.Category, d.ID) {
+		return false
+	}
+	for _, later := range s.deadLetters[i+1:] {
+		if later.Category == d.Category && later.ID == d.ID {
+			return false
+		}
+	}
+	return true
 }
 
 // isHeld reports whether id is a held item of category c.

@@ -194,8 +194,8 @@ func (s *Store) Purge(ctx context.Context, req driver.PurgeRequest) (driver.Purg
 	if req.DeadLettersOlderThan > 0 {
 		cut := now.Add(-req.DeadLettersOlderThan)
 		keep := s.deadLetters[:0]
-		for _, dl := range s.deadLetters {
-			if dl.DeadLetteredAt.Before(cut) && !s.isHeld(dl.Category, dl.ID) {
+		for i, dl := range s.deadLetters {
+			if dl.DeadLetteredAt.Before(cut) && !s.holdsStream(i) {
 				res.DeadLetters++
 				continue
 			}

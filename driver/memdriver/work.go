@@ -3,6 +3,7 @@ package memdriver
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -351,6 +352,22 @@ func (s *Store) Fail(ctx context.Context, req driver.FailRequest) (driver.AckRes
 	}
 	now := s.now()
 	var res driver.AckResult
+	var dead []driver.DeadLetter
+	defer func() {
+		// Numbered as Postgres numbers one call's dead letters: by
+		// category, then by Seq.
+		slices.SortFunc(dead, func(a, b driver.DeadLetter) int {
+			if a.Category != b.Category {
+				return slices.Index(driver.Categories, a.Category) - slices.Index(driver.Categories, b.Category)
+			}
+			return int(a.Seq - b.Seq)
+		})
+		for _, d := range dead {
+			s.deadSeq++
+			d.Number = s.deadSeq
+			s.deadLetters = append(s.deadLetters, d)
+		}
+	}()
 	for _, f := range req.Failures {
 		c := s.cat(f.Ref.Category)
 		r := c.rows[f.Ref.ID]
@@ -369,19 +386,18 @@ func (s *Store) Fail(ctx context.Context, req driver.FailRequest) (driver.AckRes
 		msg := driver.SanitizeErrorText(f.Error)
 		r.lastError = msg
 		if f.Permanent || r.w.Attempts >= req.MaxAttempts {
-			s.deadSeq++
-			dl := driver.DeadLetter{Work: r.w, Error: msg, DeadLetteredAt: now, Number: s.deadSeq}
+			dl := driver.DeadLetter{Work: r.w, Error: msg, DeadLetteredAt: now}
 			res.DeadLettered = append(res.DeadLettered, f.Ref)
 			if f.HoldStream && r.w.StreamID != "" {
 				// Held: it stays, never due, and its stream waits.
 				dl.Work = copyWork(r.w)
 				dl.ScheduledFor = time.Time{}
-				s.deadLetters = append(s.deadLetters, dl)
+				dead = append(dead, dl)
 				r.w.ScheduledFor = driver.HeldUntil
 				c.touch(r.sc, now)
 				continue
 			}
-			s.deadLetters = append(s.deadLetters, dl)
+			dead = append(dead, dl)
 			c.drop(r)
 			c.unpend(r, now)
 			continue

@@ -24,7 +24,8 @@ func (c *Core) filterArgs(f driver.DeadLetterFilter) []any {
 	if len(f.IDs) > 0 {
 		ids = c.d.array(c.db, f.IDs)
 	}
-	return []any{str(string(f.Category)), str(f.Name), str(f.StreamID), str(f.ErrorContains), timeArg(f.Since), timeArg(f.Until), ids}
+	since, until := f.Bounds()
+	return []any{str(string(f.Category)), str(f.Name), str(f.StreamID), str(f.ErrorContains), timeArg(since), timeArg(until), ids}
 }
 
 // FindDeadLetters returns one page of the dead letters that match q.
@@ -117,6 +118,18 @@ func (c *Core) actOnDead(ctx context.Context, op, action string, a driver.DeadLe
 	}
 	args := append([]any{action}, c.filterArgs(a.Filter)...)
 	args = append(args, a.DryRun, nil)
+	// A retry that raced an enqueue of one of its ids changed nothing and
+	// says so with SQLSTATE 40001; run it again, and the id is in use.
+	for try := 1; ; try++ {
+		res, err := c.actOnDeadOnce(ctx, op, args)
+		if code, _ := SQLState(err); code == "40001" && try < 5 && ctx.Err() == nil {
+			continue
+		}
+		return res, err
+	}
+}
+
+func (c *Core) actOnDeadOnce(ctx context.Context, op string, args []any) (driver.DeadLetterActionResult, error) {
 	rows, err := c.db.Query(ctx, c.sql.actDead, args...)
 	if err != nil {
 		return driver.DeadLetterActionResult{}, c.mapError(op, err)

@@ -37,6 +37,18 @@ AS $fn$
         ELSE false END
 $fn$;
 
+-- wp_holds_stream reports whether dead letter p_dead_letter_id (of item
+-- p_id in p_category) holds its stream: its item is held, and it is the
+-- item's latest dead letter (an older one is from an earlier death, before
+-- the id was enqueued again).
+CREATE FUNCTION "public".wp_holds_stream(p_category text, p_id uuid, p_dead_letter_id bigint) RETURNS boolean
+LANGUAGE sql STABLE
+AS $fn$
+    SELECT "public".wp_is_held(p_category, p_id)
+           AND NOT EXISTS (SELECT 1 FROM "public".wp_dead_letters x
+                            WHERE x.category = p_category AND x.id = p_id AND x.dead_letter_id > p_dead_letter_id)
+$fn$;
+
 -- wp_held_streams lists the streams held by a dead letter, oldest first:
 -- the held row's category, stream, id, name and the dead letter's error and
 -- time. At most p_limit rows; p_limit <= 0 means all.
@@ -62,10 +74,10 @@ AS $fn$
           FROM "public".wp_receptor_processing t
          WHERE t.scheduled_for = '9999-12-31 00:00:00+00'::timestamptz AND t.completed_at IS NULL AND t.instance_id IS NULL) h
       CROSS JOIN LATERAL (
-        SELECT dl.error, dl.dead_lettered_at FROM "public".wp_dead_letters dl
+        SELECT dl.dead_letter_id, dl.error, dl.dead_lettered_at FROM "public".wp_dead_letters dl
          WHERE dl.category = h.category AND dl.id = h.id
          ORDER BY dl.dead_letter_id DESC LIMIT 1) d
-     ORDER BY d.dead_lettered_at, h.seq
+     ORDER BY d.dead_letter_id
      LIMIT CASE WHEN p_limit > 0 THEN p_limit END
 $fn$;
 
@@ -569,7 +581,7 @@ BEGIN
     IF p_dead_ns > 0 THEN
         DELETE FROM "public".wp_dead_letters d
          WHERE d.dead_lettered_at < v_now - "public".wp_ns(p_dead_ns)
-           AND NOT "public".wp_is_held(d.category, d.id);
+           AND NOT "public".wp_holds_stream(d.category, d.id, d.dead_letter_id);
         GET DIAGNOSTICS v_d = ROW_COUNT;
     END IF;
     IF p_streams_ns > 0 THEN
@@ -695,6 +707,7 @@ DECLARE
     r_in_use   boolean[];
     r_latest   boolean[];
     r_held     boolean[];
+    r_held_row boolean[];
     v_unhold   bigint[];
 BEGIN
     IF p_action IS NULL OR p_action NOT IN ('retry', 'discard') THEN
@@ -755,7 +768,7 @@ BEGIN
         -- Held rows of the discarded dead letters go too, and their
         -- streams go on.
         v_unhold := ARRAY(SELECT d.dead_letter_id FROM "public".wp_dead_letters d
-                           WHERE d.dead_letter_id = ANY (v_rows) AND "public".wp_is_held(d.category, d.id));
+                           WHERE d.dead_letter_id = ANY (v_rows) AND "public".wp_holds_stream(d.category, d.id, d.dead_letter_id));
         IF cardinality(v_unhold) > 0 THEN
             DELETE FROM "public".wp_outbox t
              USING "public".wp_dead_letters d
@@ -788,8 +801,8 @@ BEGIN
     -- stay; of the others, the latest per id is enqueued again.
     SELECT array_agg(x.dl ORDER BY x.dl), array_agg(x.cat ORDER BY x.dl), array_agg(x.id ORDER BY x.dl),
            array_agg(x.att ORDER BY x.dl), array_agg(x.in_use ORDER BY x.dl), array_agg(x.latest ORDER BY x.dl),
-           array_agg(x.held ORDER BY x.dl)
-      INTO r_dl, r_cat, r_id, r_att, r_in_use, r_latest, r_held
+           array_agg(x.held ORDER BY x.dl), array_agg(x.held_row ORDER BY x.dl)
+      INTO r_dl, r_cat, r_id, r_att, r_in_use, r_latest, r_held, r_held_row
       FROM (SELECT d.dead_letter_id AS dl, d.category AS cat, d.id, d.attempts AS att,
                    CASE d.category
                        WHEN 'outbox' THEN EXISTS (SELECT 1 FROM "public".wp_outbox t WHERE t.message_id = d.id)
@@ -797,14 +810,17 @@ BEGIN
                        WHEN 'perspective_event' THEN EXISTS (SELECT 1 FROM "public".wp_perspective_events t WHERE t.event_work_id = d.id)
                        WHEN 'receptor' THEN EXISTS (SELECT 1 FROM "public".wp_receptor_processing t WHERE t.id = d.id)
                    END AND NOT "public".wp_is_held(d.category, d.id) AS in_use,
-                   "public".wp_is_held(d.category, d.id) AS held,
+                   "public".wp_holds_stream(d.category, d.id, d.dead_letter_id) AS held,
+                   "public".wp_is_held(d.category, d.id) AS held_row,
                    d.dead_letter_id = max(d.dead_letter_id) OVER (PARTITION BY d.category, d.id) AS latest
               FROM "public".wp_dead_letters d
              WHERE d.dead_letter_id = ANY (v_rows)) x;
-    v_go := ARRAY(SELECT u.dl FROM unnest(r_dl, r_in_use, r_latest, r_held) AS u(dl, in_use, latest, held)
-                   WHERE u.latest AND NOT u.in_use AND NOT u.held ORDER BY u.dl);
-    v_unhold := ARRAY(SELECT u.dl FROM unnest(r_dl, r_latest, r_held) AS u(dl, latest, held)
-                       WHERE u.latest AND u.held ORDER BY u.dl);
+    -- An older dead letter of a held item is only removed: the hold is
+    -- its latest dead letter's.
+    v_go := ARRAY(SELECT u.dl FROM unnest(r_dl, r_in_use, r_latest, r_held_row) AS u(dl, in_use, latest, held_row)
+                   WHERE u.latest AND NOT u.in_use AND NOT u.held_row ORDER BY u.dl);
+    v_unhold := ARRAY(SELECT u.dl FROM unnest(r_dl, r_held) AS u(dl, held)
+                       WHERE u.held ORDER BY u.dl);
     IF cardinality(v_unhold) > 0 THEN
         -- Held rows run again in their place: the first of their streams.
         UPDATE "public".wp_outbox t
@@ -867,8 +883,11 @@ BEGIN
     END IF;
     DELETE FROM "public".wp_dead_letters d WHERE d.dead_letter_id = ANY (v_rows) AND d.dead_letter_id <> ALL (v_keep);
     RETURN QUERY
-    SELECT u.cat, u.id, u.att, CASE WHEN u.in_use THEN 'in_use' WHEN u.latest THEN 'retried' ELSE 'superseded' END
-      FROM unnest(r_dl, r_cat, r_id, r_att, r_in_use, r_latest) AS u(dl, cat, id, att, in_use, latest)
+    SELECT u.cat, u.id, u.att,
+           CASE WHEN u.in_use THEN 'in_use' WHEN u.held THEN 'retried' WHEN u.held_row THEN 'superseded'
+                WHEN u.latest THEN 'retried' ELSE 'superseded' END
+      FROM unnest(r_dl, r_cat, r_id, r_att, r_in_use, r_latest, r_held, r_held_row)
+           AS u(dl, cat, id, att, in_use, latest, held, held_row)
      ORDER BY u.dl;
 END
 $fn$;

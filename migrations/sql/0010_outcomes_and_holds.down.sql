@@ -1,8 +1,10 @@
 -- Reverts 0010_outcomes_and_holds.up.sql: version 7's wp_fail, version 2's
--- wp_purge and version 9's wp_act_on_dead_letters. Held rows are released
--- first (made due now), since version 9 knows no held rows.
+-- wp_purge and version 9's wp_act_on_dead_letters. Version 9 knows no held
+-- rows: each is removed and stays a dead letter (it has its copy there), so
+-- its stream goes on, as under version 9's only policy, and a later retry
+-- runs it once.
 {{- range .Cats}}
-UPDATE {{$.S}}.{{.Table}} SET scheduled_for = NULL WHERE scheduled_for = '9999-12-31 00:00:00+00'::timestamptz AND {{.Done}} IS NULL AND instance_id IS NULL;
+DELETE FROM {{$.S}}.{{.Table}} WHERE scheduled_for = '9999-12-31 00:00:00+00'::timestamptz AND {{.Done}} IS NULL AND instance_id IS NULL;
 {{- end}}
 
 DROP FUNCTION {{.S}}.wp_fail(uuid, text[], uuid[], integer[], text[], bigint[], integer, bigint, bigint, timestamptz, text[], boolean[]);
@@ -375,5 +377,6 @@ END
 $fn$;
 
 DROP FUNCTION {{.S}}.wp_stats_held();
+DROP FUNCTION {{.S}}.wp_holds_stream(text, uuid, bigint);
 DROP FUNCTION {{.S}}.wp_held_streams(integer);
 DROP FUNCTION {{.S}}.wp_is_held(text, uuid);
