@@ -163,22 +163,11 @@ func runDead(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
-	pool, err := openPool(ctx, *f.db, 2)
+	admin, coord, closeAdmin, err := openAdmin(ctx, *f.db, *f.schema)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *f.schema, DisableListener: true})
-	if err != nil {
-		return err
-	}
-	if err := coord.CheckVersion(ctx); err != nil {
-		return err
-	}
-	admin, err := workpump.NewAdmin(coord)
-	if err != nil {
-		return err
-	}
+	defer closeAdmin()
 	if action == "show" {
 		return deadShow(ctx, admin, ids[0], *f.asJSON, stdout)
 	}
@@ -446,22 +435,11 @@ func runStreams(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := checkSchemaFlag(*schema); err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, *db, 2)
+	admin, _, closeAdmin, err := openAdmin(ctx, *db, *schema)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *schema, DisableListener: true})
-	if err != nil {
-		return err
-	}
-	if err := coord.CheckVersion(ctx); err != nil {
-		return err
-	}
-	admin, err := workpump.NewAdmin(coord)
-	if err != nil {
-		return err
-	}
+	defer closeAdmin()
 	held, err := admin.HeldStreams(ctx, *limit)
 	if err != nil {
 		return err
@@ -550,22 +528,11 @@ the item does not run again. Cancelling a stream asks first, unless --yes.`
 			return errors.New("not confirmed: nothing was changed (--yes skips the question)")
 		}
 	}
-	pool, err := openPool(ctx, *db, 2)
+	admin, _, closeAdmin, err := openAdmin(ctx, *db, *schema)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: *schema, DisableListener: true})
-	if err != nil {
-		return err
-	}
-	if err := coord.CheckVersion(ctx); err != nil {
-		return err
-	}
-	admin, err := workpump.NewAdmin(coord)
-	if err != nil {
-		return err
-	}
+	defer closeAdmin()
 	res, err := admin.Cancel(ctx, req)
 	if err != nil {
 		return err
@@ -587,4 +554,26 @@ the item does not run again. Cancelling a stream asks first, unless --yes.`
 		fmt.Fprintf(stdout, "  %s %s\n", r.Category, r.ID)
 	}
 	return nil
+}
+
+// openAdmin connects to url and returns the Admin of schema, checked to
+// be at this build's version, with its coordinator; close releases both.
+func openAdmin(ctx context.Context, url, schema string) (*workpump.Admin, *pgxdriver.Coordinator, func(), error) {
+	pool, err := openPool(ctx, url, 2)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: schema, DisableListener: true})
+	if err == nil {
+		err = coord.CheckVersion(ctx)
+	}
+	var admin *workpump.Admin
+	if err == nil {
+		admin, err = workpump.NewAdmin(coord)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	return admin, coord, pool.Close, nil
 }

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -17,24 +14,6 @@ import (
 	"github.com/workpump/workpump/driver/pgxdriver"
 	"github.com/workpump/workpump/internal/pgtest"
 )
-
-// runCLIInput is runCLI with input on stdin.
-func runCLIInput(t *testing.T, env []string, input string, args ...string) result {
-	t.Helper()
-	cmd := exec.Command(cliBinary, args...)
-	cmd.Env = append(append(os.Environ(), "WORKPUMP_DATABASE_URL="), env...)
-	cmd.Stdin = strings.NewReader(input)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return result{code, stdout.String(), stderr.String()}
-}
 
 func TestCLI_DeadUsageErrors(t *testing.T) {
 	for _, c := range []struct {

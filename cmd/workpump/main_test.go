@@ -43,9 +43,16 @@ type result struct {
 
 func runCLI(t *testing.T, env []string, args ...string) result {
 	t.Helper()
+	return runCLIInput(t, env, "", args...)
+}
+
+// runCLIInput is runCLI with input on stdin.
+func runCLIInput(t *testing.T, env []string, input string, args ...string) result {
+	t.Helper()
 	cmd := exec.Command(cliBinary, args...)
 	cmd.Env = append(os.Environ(), "WORKPUMP_DATABASE_URL=")
 	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdin = strings.NewReader(input)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
