@@ -155,9 +155,9 @@ func deadFind(e *env) {
 			d.MessageType != want.MessageType || !bytes.Equal(d.Payload, want.Payload) || normJSON(d.Metadata) != normJSON(want.Metadata) {
 			e.t.Fatalf("dead letter %d = %+v, want the item %+v", i, d, want)
 		}
-		if d.Attempts != 1 || !d.DeadLetteredAt.Equal(at[i]) || d.Error == "" {
-			e.t.Fatalf("dead letter %d: attempts %d, dead-lettered at %v, error %q; want 1, %v, the failure's text",
-				i, d.Attempts, d.DeadLetteredAt, d.Error, at[i])
+		if d.Attempts != 1 || !d.DeadLetteredAt.Equal(at[i]) || d.Error == "" || d.HoldsStream {
+			e.t.Fatalf("dead letter %d: attempts %d, dead-lettered at %v, error %q, holds its stream %v; want 1, %v, the failure's text, false",
+				i, d.Attempts, d.DeadLetteredAt, d.Error, d.HoldsStream, at[i])
 		}
 		if i > 0 && d.Number <= all.DeadLetters[i-1].Number {
 			e.t.Fatalf("dead letter numbers %d then %d: want them increasing in the order they were recorded", all.DeadLetters[i-1].Number, d.Number)

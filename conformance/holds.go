@@ -136,6 +136,9 @@ func holdKeepsStream(e *env) {
 		e.t.Fatalf("held row: scheduled %v, LastError %q; want %v and the failure's text", ws.ScheduledFor, ws.LastError, driver.HeldUntil)
 	}
 	e.wantDead("a held dead letter is listed", x[0].ID)
+	if p := e.findDead(driver.DeadLetterQuery{Limit: 10}); len(p.DeadLetters) != 1 || !p.DeadLetters[0].HoldsStream {
+		e.t.Fatalf("FindDeadLetters = %+v, want the dead letter marked as holding its stream", p.DeadLetters)
+	}
 	e.wantNone("claim while the head is held", e.claim(a))
 	e.advance(1000 * time.Hour)
 	e.wantNone("claim 1000 h later", e.claim(a))
@@ -246,6 +249,9 @@ func holdOlderDeath(e *env) {
 	e.enqueue(again, behind)
 	res, got := e.failHead(a, driver.Failure{Error: "second death", Permanent: true, HoldStream: true}, 10)
 	e.wantAck("the second death, holding", res, 1, nil, []driver.Ref{got.Ref()})
+	if p := e.findDead(driver.DeadLetterQuery{Limit: 10}); len(p.DeadLetters) != 2 || p.DeadLetters[0].HoldsStream || !p.DeadLetters[1].HoldsStream {
+		e.t.Fatalf("FindDeadLetters = %+v, want only the later death marked as holding the stream", p.DeadLetters)
+	}
 	older := driver.DeadLetterFilter{ErrorContains: "first death"}
 	if r := e.mustAct(true, driver.DeadLetterAction{Filter: older}); r.Matched != 1 || len(r.Done) != 0 || len(r.InUse) != 0 {
 		e.t.Fatalf("retry of the older dead letter of a held item = %+v, want it matched and removed, nothing retried", r)

@@ -185,6 +185,10 @@ type DeadLetter struct {
 	// Number is the store's number of the dead letter, increasing in the
 	// order dead letters were recorded: the cursor of FindDeadLetters.
 	Number int64
+	// HoldsStream says the dead letter holds its stream (its item is held,
+	// see Failure.HoldStream, and this is its latest dead letter): set by
+	// FindDeadLetters.
+	HoldsStream bool
 }
 
 // StreamOwner is one stream ownership row.

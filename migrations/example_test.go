@@ -32,6 +32,7 @@ func ExampleRender() {
 	// 0009_dead_letter_ops: creates wp_ objects in "shop": true
 	// 0010_outcomes_and_holds: creates wp_ objects in "shop": true
 	// 0011_cancel: creates wp_ objects in "shop": true
+	// 0012_dead_letter_holds: creates wp_ objects in "shop": true
 	// true
 }
 

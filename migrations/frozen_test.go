@@ -37,6 +37,8 @@ var released = map[string]string{
 	"0010_outcomes_and_holds.up.sql":   "66f32d64382ca65e324256bd8bc32dc33a0a9a75d07ceb138aae520815945d46",
 	"0011_cancel.down.sql":             "e79a03776ba2651e9a560ade46c39960227787186e0ce8e925d2da7a85bb70ac",
 	"0011_cancel.up.sql":               "f2be5523f3bc6aa6183436ad8872a931d797cef27d77ac2904faa575056db793",
+	"0012_dead_letter_holds.down.sql":  "b47b2e1c28b9d899ab45e7f71b38194fb1dd5a28620cbaba1e39281b81302992",
+	"0012_dead_letter_holds.up.sql":    "ad6ae63883ab4211253cc8fbf2d17d714e4d201d147722e709865cff0992a9fd",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released

@@ -6,7 +6,7 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 11,
+	version: 12,
 	list: []InstalledFunction{
 		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
@@ -21,7 +21,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_enqueue(text[], uuid[], text[], integer[], text[], text[], bytea[], text[], timestamp with time zone[], timestamp with time zone, boolean)", Checksum: "aadcbd87f9cb661c38ad9e91c75b5f3a"},
 		{Signature: "wp_enqueue_prepare(text[], text[], integer[], timestamp with time zone[], timestamp with time zone)", Checksum: "e59fd16fb959fede831097ad1070a99a"},
 		{Signature: "wp_fail(uuid, text[], uuid[], integer[], text[], bigint[], integer, bigint, bigint, timestamp with time zone, text[], boolean[])", Checksum: "a47207c5f6388f3f12e4f3b422b6c985"},
-		{Signature: "wp_find_dead_letters(text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], bigint, integer)", Checksum: "211bb250407aaf7798558206f1d44bba"},
+		{Signature: "wp_find_dead_letters(text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], bigint, integer)", Checksum: "ac5453445463f60ebba6e68cb2986410"},
 		{Signature: "wp_get_stream_owner(text)", Checksum: "e0ff259964ccc945f3ce2a884dd5fa75"},
 		{Signature: "wp_get_work(text, uuid)", Checksum: "7b076788e977258542360d1da4e92ae6"},
 		{Signature: "wp_held_alive_locks(uuid[])", Checksum: "57da40ae1fb5f5cdc7e2758e7c790cb3"},

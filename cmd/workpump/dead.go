@@ -222,13 +222,14 @@ type deadJSON struct {
 	DeadLetteredAt time.Time       `json:"dead_lettered_at"`
 	CreatedAt      time.Time       `json:"created_at"`
 	Seq            int64           `json:"seq"`
+	HoldsStream    bool            `json:"holds_stream"`
 	Metadata       json.RawMessage `json:"metadata,omitempty"`
 	Payload        []byte          `json:"payload,omitempty"` // base64
 }
 
 func toDeadJSON(d driver.DeadLetter, full bool) deadJSON {
 	j := deadJSON{Number: d.Number, ID: d.ID, Category: string(d.Category), Name: d.Name, StreamID: d.StreamID, MessageType: d.MessageType,
-		Attempts: d.Attempts, Error: d.Error, DeadLetteredAt: d.DeadLetteredAt, CreatedAt: d.CreatedAt, Seq: d.Seq}
+		Attempts: d.Attempts, Error: d.Error, DeadLetteredAt: d.DeadLetteredAt, CreatedAt: d.CreatedAt, Seq: d.Seq, HoldsStream: d.HoldsStream}
 	if full {
 		j.Metadata, j.Payload = d.Metadata, d.Payload
 	}
@@ -261,10 +262,10 @@ func deadList(ctx context.Context, admin *workpump.Admin, q driver.DeadLetterQue
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NUMBER\tDEAD-LETTERED (UTC)\tCATEGORY\tNAME\tSTREAM\tATTEMPTS\tID\tERROR")
+	fmt.Fprintln(tw, "NUMBER\tDEAD-LETTERED (UTC)\tCATEGORY\tNAME\tSTREAM\tHOLDS IT\tATTEMPTS\tID\tERROR")
 	for _, d := range p.DeadLetters {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Number, d.DeadLetteredAt.UTC().Format("2006-01-02 15:04:05"),
-			d.Category, orDash(d.Name), orDash(d.StreamID), d.Attempts, d.ID, oneLine(d.Error, 60))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Number, d.DeadLetteredAt.UTC().Format("2006-01-02 15:04:05"),
+			d.Category, orDash(d.Name), orDash(d.StreamID), yesNo(d.HoldsStream), d.Attempts, d.ID, oneLine(d.Error, 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -289,7 +290,7 @@ func deadShow(ctx context.Context, admin *workpump.Admin, id uuid.UUID, asJSON b
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	for _, kv := range [][2]string{
 		{"id", d.ID.String()}, {"number", fmt.Sprint(d.Number)}, {"category", string(d.Category)}, {"name", orDash(d.Name)},
-		{"stream", orDash(d.StreamID)}, {"message type", orDash(d.MessageType)}, {"attempts", fmt.Sprint(d.Attempts)},
+		{"stream", orDash(d.StreamID)}, {"holds its stream", yesNo(d.HoldsStream)}, {"message type", orDash(d.MessageType)}, {"attempts", fmt.Sprint(d.Attempts)},
 		{"created", d.CreatedAt.UTC().Format(time.RFC3339Nano)}, {"dead-lettered", d.DeadLetteredAt.UTC().Format(time.RFC3339Nano)},
 		{"metadata", string(d.Metadata)}, {"payload", payloadText(d.Payload)},
 	} {
@@ -576,4 +577,11 @@ func openAdmin(ctx context.Context, url, schema string) (*workpump.Admin, *pgxdr
 		return nil, nil, nil, err
 	}
 	return admin, coord, pool.Close, nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }

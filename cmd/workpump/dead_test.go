@@ -202,6 +202,10 @@ func TestCLI_DeadLetters(t *testing.T) {
 		Failures: []driver.Failure{{Ref: res.Work[0].Ref(), Error: "carrier rejected", Permanent: true, HoldStream: true}}}); err != nil {
 		t.Fatal(err)
 	}
+	r = runCLI(t, env, "dead", "show", hold[0].String(), "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "holds its stream:  yes") {
+		t.Fatalf("dead show of a held item: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	r = runCLI(t, env, "streams", "held", "--schema", schema)
 	if r.code != 0 || !strings.Contains(r.stdout, "order-9") || !strings.Contains(r.stdout, hold[0].String()) || !strings.Contains(r.stdout, "carrier rejected") {
 		t.Fatalf("streams held: exit %d\n%s%s", r.code, r.stdout, r.stderr)

@@ -21,10 +21,11 @@ func (s *Store) FindDeadLetters(ctx context.Context, q driver.DeadLetterQuery) (
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	page := driver.DeadLetterPage{DeadLetters: []driver.DeadLetter{}}
-	for _, d := range s.deadLetters {
+	for i, d := range s.deadLetters {
 		if d.Number <= q.After || !q.Filter.Matches(d) {
 			continue
 		}
+		d.HoldsStream = s.holdsStream(i)
 		if len(page.DeadLetters) == q.Limit {
 			page.Next = page.DeadLetters[q.Limit-1].Number
 			break

@@ -88,6 +88,7 @@ func (s *Store) ListDeadLetters(ctx context.Context, limit int) ([]driver.DeadLe
 	for i := range out {
 		out[i] = s.deadLetters[i]
 		out[i].Work = copyWork(out[i].Work)
+		out[i].HoldsStream = s.holdsStream(i)
 	}
 	return out, nil
 }

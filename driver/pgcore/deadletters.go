@@ -80,7 +80,7 @@ func (c *Core) findDead(ctx context.Context, op string, args ...any) ([]driver.D
 			at             time.Time
 		)
 		if err := rows.Scan(&d.Number, &cat, &d.ID, &d.StreamID, &part, &d.Name, &d.MessageType, &d.Payload, &meta, &att, &d.Seq,
-			&sched, &created, &d.Error, &at); err != nil {
+			&sched, &created, &d.Error, &at, &d.HoldsStream); err != nil {
 			return nil, c.mapError(op, err)
 		}
 		d.Category = driver.Category(cat)

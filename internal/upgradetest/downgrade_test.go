@@ -49,8 +49,22 @@ func TestDowngradeTurnsHeldItemsIntoDeadLetters(t *testing.T) {
 	if _, ok, err := c.GetWork(ctx, driver.Outbox, ids[0]); err != nil || ok {
 		t.Fatalf("after the rollback the held row is there (%v, %v), want it gone", ok, err)
 	}
-	if dl, err := c.ListDeadLetters(ctx, 0); err != nil || len(dl) != 1 || dl[0].ID != ids[0] {
-		t.Fatalf("dead letters after the rollback: %+v, %v; want the held item's", dl, err)
+	// (Read directly: this build's dead-letter calls need version 12.)
+	var dead []uuid.UUID
+	rows, err := db.QueryContext(ctx, `SELECT id FROM "`+schema+`".wp_dead_letters`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, id)
+	}
+	rows.Close()
+	if len(dead) != 1 || dead[0] != ids[0] {
+		t.Fatalf("dead letters after the rollback: %v; want the held item's", dead)
 	}
 	if _, err := migrations.Up(ctx, db, schema); err != nil {
 		t.Fatal(err)
