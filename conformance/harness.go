@@ -78,6 +78,11 @@ const (
 	// anything; armed with uuid.Nil. A store whose cancel is one atomic
 	// step holds the call before that step.
 	PauseCancelAfterLock PausePoint = "cancel.after_lock"
+	// PausePauseAfterLock is inside PauseWork, after it took what makes
+	// claims wait for it (Postgres: the pauses table, exclusively;
+	// memdriver: the store's mutex) and before it records the pause.
+	// Keyed by uuid.Nil.
+	PausePauseAfterLock PausePoint = "pause.after_lock"
 )
 
 // Pauser holds one instance's calls at a pause point.

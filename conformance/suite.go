@@ -104,6 +104,7 @@ func allCases() []testCase {
 		deadLetterCases(),
 		outcomeCases(),
 		cancelCases(),
+		pauseCases(),
 		concurrencyCases(),
 		raceCases(),
 		livenessCases(),

@@ -6,15 +6,16 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 12,
+	version: 13,
 	list: []InstalledFunction{
 		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
 		{Signature: "wp_cancel_work(text, uuid[], text, timestamp with time zone)", Checksum: "f4f10c09bd05922fa7df856b9f4d52f9"},
 		{Signature: "wp_channel(uuid)", Checksum: "be4f6d9974039587cc8205af6103bd0f"},
+		{Signature: "wp_check_pause_args(text, boolean, text)", Checksum: "eff910675dbae1e36f59935f71e35c6b"},
 		{Signature: "wp_claim_lock_rows(text, uuid[], tid[], bigint[], text[], text[], boolean, text[], timestamp with time zone)", Checksum: "79663683649f9efb6aa737773bd0f6bb"},
 		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "a46360c14c4a27ec2e5bd3ec9630869e"},
-		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone)", Checksum: "4106b49bd87c4cc35959569124c92324"},
+		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone)", Checksum: "05505cc1b161a4c8f5e5923a64b58fd3"},
 		{Signature: "wp_cleanup_stale_instances(bigint, bigint, timestamp with time zone, bigint)", Checksum: "b20bb9a3a8c04082f3ee1bae22183e92"},
 		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "c83032baccfec8aac2be8949f7df15c2"},
 		{Signature: "wp_deregister(uuid, timestamp with time zone)", Checksum: "7ac5d219b34af519bc777eb7eb387d5f"},
@@ -35,6 +36,8 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_ns(bigint)", Checksum: "ace5b5a0cbe5e951439edb1cb41a62a7"},
 		{Signature: "wp_partition_count(integer, timestamp with time zone)", Checksum: "24581758a333196486d699aad930e12d"},
 		{Signature: "wp_pause_point(text, uuid)", Checksum: "d1d02e9feeee438299d95f6fea0bdcb5"},
+		{Signature: "wp_pause_work(text, boolean, text, timestamp with time zone)", Checksum: "5ef757326a01cf232aee18e9ae71d0b4"},
+		{Signature: "wp_paused()", Checksum: "15b3624fbee94c04347d7b47628982b1"},
 		{Signature: "wp_polls_by_itself(uuid)", Checksum: "e7ba9300dd1a8427c3ecf908dce272f6"},
 		{Signature: "wp_purge(bigint, bigint, bigint, timestamp with time zone)", Checksum: "9137c0eaa6342ddc5f2fd033fe95ec02"},
 		{Signature: "wp_rank_key(integer)", Checksum: "834d40197dfe58d6fb1fef892d60d08f"},
@@ -42,6 +45,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_release(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "84f1d42e3252d203c4e6cce573521754"},
 		{Signature: "wp_release_instances(uuid[])", Checksum: "7d38dc94f764b833dc35e4d15a12f8ea"},
 		{Signature: "wp_renew_leases(uuid, text, uuid[], bigint, timestamp with time zone)", Checksum: "14115477c9c3364a5dccc268ae874679"},
+		{Signature: "wp_resume_work(text, boolean, text)", Checksum: "a527ec79a8752c128e0765c06c77856d"},
 		{Signature: "wp_retry_delay(integer, bigint, bigint)", Checksum: "47f481716bc22f48046d99f2861973eb"},
 		{Signature: "wp_settle_streams(uuid, text[], integer[], text[])", Checksum: "7f962b15b5abb74c4da0f8458c0718bf"},
 		{Signature: "wp_stats(timestamp with time zone)", Checksum: "165e6abfb5d4f1b2c6de8cb98ae22dbd"},

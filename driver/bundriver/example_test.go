@@ -144,7 +144,7 @@ func Example_bunApplication() {
 	}
 	fmt.Println("outbox rows after stop:", left, "orders:", orders)
 	// Output:
-	// migrated: 00000000000001_workpump_shop_example_tables, 00000000000002_workpump_shop_example_functions, 00000000000003_workpump_shop_example_claim_order, 00000000000004_workpump_shop_example_liveness, 00000000000005_workpump_shop_example_partition_count, 00000000000006_workpump_shop_example_lease_fences, 00000000000007_workpump_shop_example_named_parts, 00000000000008_workpump_shop_example_wakeup_pauses, 00000000000009_workpump_shop_example_dead_letter_ops, 00000000000010_workpump_shop_example_outcomes_and_holds, 00000000000011_workpump_shop_example_cancel, 00000000000012_workpump_shop_example_dead_letter_holds, 20260101000000_orders
+	// migrated: 00000000000001_workpump_shop_example_tables, 00000000000002_workpump_shop_example_functions, 00000000000003_workpump_shop_example_claim_order, 00000000000004_workpump_shop_example_liveness, 00000000000005_workpump_shop_example_partition_count, 00000000000006_workpump_shop_example_lease_fences, 00000000000007_workpump_shop_example_named_parts, 00000000000008_workpump_shop_example_wakeup_pauses, 00000000000009_workpump_shop_example_dead_letter_ops, 00000000000010_workpump_shop_example_outcomes_and_holds, 00000000000011_workpump_shop_example_cancel, 00000000000012_workpump_shop_example_dead_letter_holds, 00000000000013_workpump_shop_example_pauses, 20260101000000_orders
 	// pending: OrderPlaced to orders-topic on stream order-1001, attempts 0
 	// published: OrderPlaced {"order":"order-1001"} (attempt 1)
 	// live instances: 1 shop

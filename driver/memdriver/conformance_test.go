@@ -48,6 +48,9 @@ func (p pauser) Arm(point conformance.PausePoint, id uuid.UUID) (conformance.Pau
 	case conformance.PauseCancelAfterLock:
 		reached, release := p.s.HoldCancels()
 		return hold{reached, release}, nil
+	case conformance.PausePauseAfterLock:
+		reached, release := p.s.HoldPauses()
+		return hold{reached, release}, nil
 	}
 	return nil, fmt.Errorf("memdriver: no pause point %q", point)
 }

@@ -22,6 +22,7 @@ const (
 	holdRenew
 	holdDeadLetters
 	holdCancel
+	holdPause
 )
 
 type holdKey struct {
@@ -67,6 +68,15 @@ func (s *Store) HoldCancels() (reached <-chan struct{}, release func()) {
 	return s.hold(holdKey{holdCancel, uuid.Nil})
 }
 
+// HoldPauses makes the next PauseWork call wait, after it took the
+// store's mutex and before it records anything, until release is called;
+// reached is closed once it waits. Calls that need the mutex (claims
+// among them) wait behind it, as Postgres claims wait behind a pause that
+// holds the pauses table.
+func (s *Store) HoldPauses() (reached <-chan struct{}, release func()) {
+	return s.hold(holdKey{holdPause, uuid.Nil})
+}
+
 func (s *Store) hold(k holdKey) (reached <-chan struct{}, release func()) {
 	h := &claimHold{reached: make(chan struct{}), released: make(chan struct{})}
 	s.holds.mu.Lock()
@@ -91,7 +101,7 @@ func (s *Store) hold(k holdKey) (reached <-chan struct{}, release func()) {
 func (s *Store) waitHold(ctx context.Context, kind holdKind, instanceID uuid.UUID) error {
 	s.holds.mu.Lock()
 	h := s.holds.by[holdKey{kind, instanceID}]
-	if h != nil && (kind == holdDeadLetters || kind == holdCancel) { // one call only
+	if h != nil && (kind == holdDeadLetters || kind == holdCancel || kind == holdPause) { // one call only
 		delete(s.holds.by, holdKey{kind, instanceID})
 	}
 	s.holds.mu.Unlock()

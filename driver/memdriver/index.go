@@ -406,6 +406,7 @@ type catStore struct {
 	nextSeq    int64
 	pending    int         // unprocessed rows
 	streams    streamTable // the store's, shared by every category
+	paused     map[pauseKey]driver.PausedScope
 }
 
 func newCatStore(c driver.Category, streams streamTable) *catStore {

@@ -121,6 +121,9 @@ func (s *Store) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.
 	leaseExp := now.Add(req.Lease).Truncate(time.Microsecond)
 	var res driver.ClaimResult
 	for _, c := range req.CategoriesOrAll() {
+		if s.cat(c).wholePaused() {
+			continue
+		}
 		if s.claimCategory(s.cat(c), req.InstanceID, now, leaseExp, req.MaxPerCategory, &res.Work) == req.MaxPerCategory {
 			res.HasMore = true
 		}
@@ -156,6 +159,9 @@ func (s *Store) claimCategory(c *catStore, me uuid.UUID, now, leaseExp time.Time
 		r := sc.rows[sc.cursor]
 		if !claimableByTime(r, now) {
 			continue // it blocks the rest of its scope
+		}
+		if len(c.paused) > 0 && c.namePaused(r.w.Name) {
+			continue // so does a row of a paused name
 		}
 		r.w.Attempts++
 		st := s.lease(r, me, leaseExp)

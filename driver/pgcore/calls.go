@@ -44,6 +44,9 @@ var (
 	callStatsHeld      = call{"wp_stats_held", nil, true}
 	callHeldStreams    = call{"wp_held_streams", []string{"integer"}, true}
 	callCancel         = call{"wp_cancel_work", []string{"text", "uuid[]", "text", "timestamptz"}, true}
+	callPause          = call{"wp_pause_work", []string{"text", "boolean", "text", "timestamptz"}, false}
+	callResume         = call{"wp_resume_work", []string{"text", "boolean", "text"}, false}
+	callPaused         = call{"wp_paused", nil, true}
 	callPartitionCount = call{"wp_partition_count", []string{"integer", "timestamptz"}, false}
 )
 
@@ -156,6 +159,7 @@ type statements struct {
 	heartbeat, cleanup, deregister, purge          string
 	getWork, listInstances, findDead, streamOwner  string
 	actDead, statsHeld, heldStreams, cancel        string
+	pause, resume, paused                          string
 	stats, statsLeases, deadCount, version, counts string
 	functions                                      string // migrations.FunctionsSQL
 	copyInto                                       copyStatements
@@ -197,6 +201,9 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 		statsHeld:      callStatsHeld.sql(schema, ph),
 		heldStreams:    callHeldStreams.sql(schema, ph),
 		cancel:         callCancel.sql(schema, ph),
+		pause:          callPause.sql(schema, ph),
+		resume:         callResume.sql(schema, ph),
+		paused:         callPaused.sql(schema, ph),
 		counts:         callPartitionCount.sql(schema, ph),
 		deadCount:      `SELECT count(*) FROM ` + s + `.wp_dead_letters`,
 		version:        `SELECT max(version) FROM ` + s + `.` + migrations.VersionTable,
