@@ -33,7 +33,7 @@ func ExampleRender() {
 	// 0010_outcomes_and_holds: creates wp_ objects in "shop": true
 	// 0011_cancel: creates wp_ objects in "shop": true
 	// 0012_dead_letter_holds: creates wp_ objects in "shop": true
-// 0013_pauses: creates wp_ objects in "shop": true
+	// 0013_pauses: creates wp_ objects in "shop": true
 	// true
 }
 
