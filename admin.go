@@ -30,6 +30,10 @@ type (
 	CancelRequest = driver.CancelRequest
 	// CancelResult lists the cancelled items, and which were leased.
 	CancelResult = driver.CancelResult
+	// PauseScope names a paused category, or one name of it.
+	PauseScope = driver.PauseScope
+	// PausedScope is a recorded pause and when it was recorded.
+	PausedScope = driver.PausedScope
 	// IDsError names the ids of an action that are not dead letters; the
 	// action changed nothing.
 	IDsError = driver.IDsError
@@ -45,6 +49,7 @@ var ErrNotDeadLettered = driver.ErrNotDeadLettered
 type Admin struct {
 	dead   driver.DeadLetterOperator
 	cancel driver.WorkCanceller
+	pauser driver.WorkPauser
 }
 
 // NewAdmin returns the Admin of coord. It fails when the driver does not
@@ -57,8 +62,10 @@ func NewAdmin(coord Coordinator) (*Admin, error) {
 	if !ok {
 		return nil, invalid("NewAdmin", "%T does not implement driver.DeadLetterOperator", coord)
 	}
-	cancel, _ := coord.(driver.WorkCanceller) // optional: Cancel says when it is missing
-	return &Admin{dead: dead, cancel: cancel}, nil
+	// Optional: the calls say when they are missing.
+	cancel, _ := coord.(driver.WorkCanceller)
+	pauser, _ := coord.(driver.WorkPauser)
+	return &Admin{dead: dead, cancel: cancel, pauser: pauser}, nil
 }
 
 // DeadLetters returns one page of the dead letters that match q.Filter, in
@@ -148,4 +155,61 @@ func (a *Admin) Cancel(ctx context.Context, r CancelRequest) (CancelResult, erro
 		return CancelResult{}, opErr("Cancel", err)
 	}
 	return res, nil
+}
+
+// Pause stops every instance from claiming category's items until Resume.
+// It returns once no claim in flight can still hand one out, so nothing of
+// the category starts after it returned; items already leased run to
+// their end. It reports whether the category was not paused already.
+func (a *Admin) Pause(ctx context.Context, category Category) (bool, error) {
+	return a.pause(ctx, "Pause", PauseScope{Category: category}, true)
+}
+
+// PauseName is Pause for the items of category named name (a handler, a
+// destination, a perspective: see Category). A paused item keeps its
+// place: where order is kept per stream (every category but
+// PerspectiveEvent, where it is kept per stream and name), the stream's
+// later items wait behind it, whatever their name.
+func (a *Admin) PauseName(ctx context.Context, category Category, name string) (bool, error) {
+	return a.pause(ctx, "PauseName", PauseScope{Category: category, Name: name, Named: true}, true)
+}
+
+// Resume ends Pause(category) and wakes every instance to claim at once.
+// Pauses of the category's names stay. It reports whether it was paused.
+func (a *Admin) Resume(ctx context.Context, category Category) (bool, error) {
+	return a.pause(ctx, "Resume", PauseScope{Category: category}, false)
+}
+
+// ResumeName ends PauseName(category, name).
+func (a *Admin) ResumeName(ctx context.Context, category Category, name string) (bool, error) {
+	return a.pause(ctx, "ResumeName", PauseScope{Category: category, Name: name, Named: true}, false)
+}
+
+// Paused lists the recorded pauses, by category, whole categories first.
+func (a *Admin) Paused(ctx context.Context) ([]PausedScope, error) {
+	if a.pauser == nil {
+		return nil, opErr("Paused", errNoPauser)
+	}
+	p, err := a.pauser.ListPaused(ctx)
+	if err != nil {
+		return nil, opErr("Paused", err)
+	}
+	return p, nil
+}
+
+var errNoPauser = errors.New("the driver does not implement driver.WorkPauser")
+
+func (a *Admin) pause(ctx context.Context, op string, s PauseScope, pause bool) (bool, error) {
+	if a.pauser == nil {
+		return false, opErr(op, errNoPauser)
+	}
+	call := a.pauser.ResumeWork
+	if pause {
+		call = a.pauser.PauseWork
+	}
+	changed, err := call(ctx, s)
+	if err != nil {
+		return false, opErr(op, err)
+	}
+	return changed, nil
 }

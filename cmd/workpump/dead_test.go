@@ -35,6 +35,10 @@ func TestCLI_DeadUsageErrors(t *testing.T) {
 		{[]string{"cancel", "x1"}, `"x1" is not an item id`},
 		{[]string{"streams", "free"}, `unknown action "free"`},
 		{[]string{"streams", "held", "--limit", "-1"}, "--limit must be >= 0"},
+		{[]string{"pause"}, "want CATEGORY [NAME], got 0 argument(s)"},
+		{[]string{"resume", "outbox", "a", "b"}, "want CATEGORY [NAME], got 3 argument(s)"},
+		{[]string{"pause", "jobs"}, `unknown category: "jobs"`},
+		{[]string{"resume", "inbox", "a\xffb"}, "Name: not valid UTF-8"},
 	} {
 		r := runCLI(t, nil, c.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) {

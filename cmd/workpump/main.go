@@ -43,6 +43,8 @@ func commands() []command {
 		{"dead", "list, show, retry or discard dead letters", runDead},
 		{"streams", "list the streams held by a dead letter", runStreams},
 		{"cancel", "cancel pending or leased items, by id or by stream", runCancel},
+		{"pause", "stop every instance from claiming a category, or one name of it", runPause},
+		{"resume", "end a pause and wake every instance", runResume},
 		{"bench", "measure burn-down throughput or pickup latency", runBench},
 	}
 }

@@ -23,6 +23,15 @@ type statusReport struct {
 	// PartitionCount is the count the schema records; null when none is
 	// recorded yet (the first pump to start records its own).
 	PartitionCount *int `json:"partition_count"`
+	// Paused lists the recorded pauses (workpump pause).
+	Paused []statusPause `json:"paused"`
+}
+
+type statusPause struct {
+	Category string `json:"category"`
+	// Name is absent for a pause of the whole category.
+	Name  *string   `json:"name,omitempty"`
+	Since time.Time `json:"since"`
 }
 
 type statusInstance struct {
@@ -84,7 +93,18 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	paused, err := coord.ListPaused(ctx)
+	if err != nil {
+		return err
+	}
 	rep := buildStatus(*schema, st)
+	for _, p := range paused {
+		sp := statusPause{Category: string(p.Category), Since: p.Since}
+		if p.Named {
+			sp.Name = &p.Name
+		}
+		rep.Paused = append(rep.Paused, sp)
+	}
 	if recorded {
 		rep.PartitionCount = &partitions
 	}
@@ -97,7 +117,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func buildStatus(schema string, st driver.Stats) statusReport {
-	rep := statusReport{Schema: schema, Now: st.Now, Backlog: map[string]statusBacklog{}, DeadLetters: st.DeadLetters, Instances: []statusInstance{}}
+	rep := statusReport{Schema: schema, Now: st.Now, Backlog: map[string]statusBacklog{}, DeadLetters: st.DeadLetters, Instances: []statusInstance{}, Paused: []statusPause{}}
 	for _, in := range st.Instances {
 		leases := map[string]int{}
 		for c, n := range st.LeasesByInstance[in.ID] {
@@ -164,6 +184,16 @@ func printStatus(w io.Writer, rep statusReport) {
 		b := rep.Backlog[string(c)]
 		held += b.Held
 		fmt.Fprintf(w, "  %-17s %6d %10d %7d %9d %10d %5d\n", c, b.Ready, b.Scheduled, b.Leased, b.Orphaned, b.Processed, b.Held)
+	}
+	if len(rep.Paused) > 0 {
+		fmt.Fprintf(w, "\npaused (workpump resume ends a pause):\n")
+		for _, p := range rep.Paused {
+			what := p.Category
+			if p.Name != nil {
+				what = fmt.Sprintf("%s items named %q", p.Category, *p.Name)
+			}
+			fmt.Fprintf(w, "  %s since %s\n", what, p.Since.UTC().Format(time.RFC3339))
+		}
 	}
 	fmt.Fprintf(w, "\ndead letters: %d\n", rep.DeadLetters)
 	if held > 0 {
