@@ -3,6 +3,7 @@ package workpump_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -135,6 +136,67 @@ func TestAdmin_CancelEndsARunningHandlerAtItsNextRenewal(t *testing.T) {
 		}
 		if !rowGone(s, driver.Outbox, ids[0]) {
 			t.Fatal("the cancelled row is back")
+		}
+	})
+}
+
+// The item behind a cancelled one that is still running in the same pump
+// waits for that handler to return: the store hands it out at once (the
+// cancel ended the stream's ownership and woke the claimer), but the
+// pump's stream stays busy until the cancelled run is over.
+func TestAdmin_CancelledRunningHeadStillHoldsItsStreamInThePump(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		opts := quietOptions()
+		opts.Claim.Lease = 30 * time.Second
+		opts.Renewal.LeaseGrace = 5 * time.Second
+		p := newPump(t, s, opts)
+		var mu sync.Mutex
+		var events []string
+		note := func(e string) { mu.Lock(); events = append(events, e); mu.Unlock() }
+		first := make(chan struct{})
+		p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+			if string(w.Payload) == "head" {
+				note("head started")
+				close(first)
+				<-ctx.Done()
+				note("head returned")
+				return ctx.Err()
+			}
+			note("next started")
+			return nil
+		})
+		p.Start(t.Context())
+		ids := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "c", Payload: []byte("head")})
+		<-first
+		// Enqueued behind the running head, so the pump has not claimed it yet.
+		enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "c", Payload: []byte("next")})
+		admin, err := workpump.NewAdmin(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := admin.Cancel(context.Background(), workpump.CancelRequest{IDs: ids}); err != nil || len(res.Leased) != 1 {
+			t.Fatalf("Cancel = %+v, %v; want the running head cancelled while leased", res, err)
+		}
+		synctest.Wait()
+		st, err := s.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Categories[driver.Outbox].Leased != 1 {
+			t.Fatalf("outbox after the cancel: %+v; want the next item claimed at once (the cancel woke the claimer)", st.Categories[driver.Outbox])
+		}
+		mu.Lock()
+		if !slices.Equal(events, []string{"head started"}) {
+			t.Fatalf("events right after the cancel %v: the next item must wait for the cancelled head's handler", events)
+		}
+		mu.Unlock()
+		waitFor(t, time.Minute, "the next item to run", func() bool { mu.Lock(); defer mu.Unlock(); return len(events) == 3 })
+		stop(t, p)
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(events, []string{"head started", "head returned", "next started"}) {
+			t.Fatalf("events %v, want the next item only after the cancelled head returned", events)
 		}
 	})
 }
