@@ -21,6 +21,7 @@ func cancelCases() []testCase {
 		{name: "Cancel/BadInputChangesNothing", run: cancelBadInput},
 		{name: "Races/CancelHeldWhileTheOwnerCompletes", needs: needPauses, run: cancelWhileCompleting},
 		{name: "Races/CancelHeldWhileAClaimRuns", needs: needPauses, run: cancelWhileClaiming},
+		{name: "Races/CancelHeldWhileItsOwnerIsEvicted", needs: needPauses, run: cancelWhileEvicting},
 	}
 }
 
@@ -262,6 +263,102 @@ func cancelWhileClaiming(e *env) {
 	}
 	e.mustBeUnowned("cancel-claim", "after the stream was cancelled")
 	e.wantNone("claim after the cancel", e.claim(a))
+}
+
+// cancelWhileEvicting holds a cancel of a stream whose head is leased to
+// B while a sweep evicts B. Whichever goes first, the stream's items are
+// gone, B is gone, nothing of the stream is owned, and B's other rows are
+// back for the survivors, each once.
+func cancelWhileEvicting(e *env) {
+	e.canceller()
+	a, b, held, streams := peerWithWork(e)
+	behind := item(driver.Outbox, streams[0])
+	e.enqueue(behind)
+	pause, err := e.store.Pauses.Arm(PauseCancelAfterLock, uuid.Nil)
+	if err != nil {
+		e.t.Fatalf("Arm: %v", err)
+	}
+	defer pause.Release()
+	type cancelled struct {
+		res driver.CancelResult
+		err error
+	}
+	cdone := make(chan cancelled, 1)
+	go func() {
+		res, err := e.canceller().CancelWork(e.ctx, driver.CancelRequest{Category: driver.Outbox, StreamID: streams[0]})
+		cdone <- cancelled{res, err}
+	}()
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	if err := pause.Reached(ctx); err != nil {
+		e.t.Fatalf("the cancel never reached its pause point: %v", err)
+	}
+	e.advance(staleAfter + time.Second)
+	e.register(a)
+	type swept struct {
+		ids []uuid.UUID
+		err error
+	}
+	edone := make(chan swept, 1)
+	go func() {
+		ids, err := e.c.CleanupStale(e.ctx, driver.CleanupRequest{StaleAfter: staleAfter, DeadAfter: deadAfter})
+		edone <- swept{ids, err}
+	}()
+	// The sweep either waits behind the held cancel or runs to its end.
+	bctx, bcancel := context.WithCancel(ctx)
+	defer bcancel()
+	blocked := make(chan struct{})
+	go func() {
+		_ = pause.Blocked(bctx)
+		close(blocked)
+	}()
+	var sw swept
+	sweptFirst := false
+	select {
+	case sw = <-edone:
+		sweptFirst = true
+	case <-blocked:
+	}
+	bcancel()
+	pause.Release()
+	var c cancelled
+	select {
+	case c = <-cdone:
+	case <-ctx.Done():
+		e.t.Fatal("the cancel did not return")
+	}
+	if c.err != nil {
+		e.t.Fatalf("CancelWork: %v", c.err)
+	}
+	if !sweptFirst {
+		select {
+		case sw = <-edone:
+		case <-ctx.Done():
+			e.t.Fatal("the sweep did not return")
+		}
+	}
+	if sw.err != nil {
+		e.t.Fatalf("CleanupStale: %v", sw.err)
+	}
+	if !sameIDs(sw.ids, []uuid.UUID{b}) {
+		e.t.Fatalf("CleanupStale evicted %v, want [B]", shortIDs(sw.ids))
+	}
+	if !slices.Equal(sortedRefIDs(c.res.Cancelled), sortedIDsOf(held[0].ID, behind.ID)) {
+		e.t.Fatalf("CancelWork = %+v, want B's outbox row and the row behind it", c.res)
+	}
+	for _, r := range c.res.Leased {
+		if r.ID != held[0].ID {
+			e.t.Fatalf("CancelWork reports %s leased; only B's row was", short(r.ID))
+		}
+	}
+	e.mustBeGone(driver.Outbox, held[0].ID, "a cancelled row")
+	e.mustBeGone(driver.Outbox, behind.ID, "a cancelled row")
+	e.mustBeUnowned(streams[0], "after the cancel and the eviction")
+	e.wantInstances("after the sweep", a)
+	for _, w := range held[1:] {
+		e.mustBeUnleased(w.Category, w.ID, 1, "the eviction of B")
+	}
+	e.wantIDs("A's claim after both", e.claim(a).Work, idsOf(held[1:])...)
 }
 
 func sortedRefIDs(rs []driver.Ref) []uuid.UUID { return sortedIDsOf(refIDs(rs)...) }
