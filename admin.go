@@ -158,9 +158,11 @@ func (a *Admin) Cancel(ctx context.Context, r CancelRequest) (CancelResult, erro
 }
 
 // Pause stops every instance from claiming category's items until Resume.
-// It returns once no claim in flight can still hand one out, so nothing of
-// the category starts after it returned; items already leased run to
-// their end. It reports whether the category was not paused already.
+// It returns once no claim in flight can still hand one out: no claim
+// takes an item of the category after it returned. Items already claimed
+// run to their end, including those a pump holds leased but has not
+// started yet (up to Options.MaxInFlight per instance). It reports
+// whether the category was not paused already.
 func (a *Admin) Pause(ctx context.Context, category Category) (bool, error) {
 	return a.pause(ctx, "Pause", PauseScope{Category: category}, true)
 }

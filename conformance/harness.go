@@ -83,6 +83,12 @@ const (
 	// memdriver: the store's mutex) and before it records the pause.
 	// Keyed by uuid.Nil.
 	PausePauseAfterLock PausePoint = "pause.after_lock"
+	// PauseClaimBetweenBatches is inside ClaimWork while names of a
+	// category ordered by stream are paused and the claim reads its rows
+	// in batches: after a batch and before the next. Keyed by the
+	// claimer. A store whose claim is one atomic step holds the call
+	// before that step.
+	PauseClaimBetweenBatches PausePoint = "claim.between_batches"
 )
 
 // Pauser holds one instance's calls at a pause point.

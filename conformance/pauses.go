@@ -27,6 +27,7 @@ func pauseCases() []testCase {
 		{name: "Pause/ResumeWakesEveryLiveInstance", needs: needSignals, run: pauseResumeWakes},
 		{name: "Races/PauseWhileAClaimIsHeld", needs: needPauses, run: pauseWhileClaiming},
 		{name: "Races/ClaimWhileAPauseIsHeld", needs: needPauses, run: claimWhilePausing},
+		{name: "Races/ReleaseBetweenTheBatchesOfAPausedNamesClaim", needs: needPauses, run: pauseBatchesRelease},
 	}
 }
 
@@ -412,4 +413,92 @@ func claimWhilePausing(e *env) {
 	}
 	e.resume(wholeScope(driver.Inbox), true)
 	e.wantIDs("claim after the resume", e.claim(a).Work, ws[0].ID, ws[1].ID)
+}
+
+// pauseBatchesRelease makes a claim read its rows in several batches (a
+// name is paused and its rows, each in a stream of its own, come first)
+// and, between two batches, releases the leased head of a stream whose
+// second row the claim has already passed over as blocked. The stream's
+// third row, read in a later batch, must not be handed out ahead of the
+// second: a claim decides on one snapshot of the rows it reads.
+func pauseBatchesRelease(e *env) {
+	e.pauser()
+	a := e.instances(1)[0]
+	head := named(item(driver.Outbox, "batches-s"), "y")
+	second := named(item(driver.Outbox, "batches-s"), "y")
+	e.enqueue(head, second)
+	got := e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: defaultLease, MaxPerCategory: 1}).Work
+	e.wantIDs("claim of the head", got, head.ID)
+	var paused []driver.NewWork
+	for i := range 1200 {
+		paused = append(paused, named(item(driver.Outbox, fmt.Sprintf("batches-x-%d", i)), "x"))
+	}
+	e.enqueue(paused...)
+	third := named(item(driver.Outbox, "batches-s"), "z")
+	e.enqueue(third)
+	e.pause(nameScope(driver.Outbox, "x"), true)
+
+	hold, err := e.store.Pauses.Arm(PauseClaimBetweenBatches, a)
+	if err != nil {
+		e.t.Fatalf("Arm: %v", err)
+	}
+	defer hold.Release()
+	type claimed struct {
+		res driver.ClaimResult
+		err error
+	}
+	cdone := make(chan claimed, 1)
+	go func() {
+		res, err := e.c.ClaimWork(e.ctx, driver.ClaimRequest{InstanceID: a, Lease: defaultLease, MaxPerCategory: 1})
+		cdone <- claimed{res, err}
+	}()
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	if err := hold.Reached(ctx); err != nil {
+		e.t.Fatalf("the claim never reached a point between its batches: %v", err)
+	}
+	e.wantAck("release of the head", e.release(a, got[0].Ref()), 1, nil, nil)
+	hold.Release()
+	var c claimed
+	select {
+	case c = <-cdone:
+	case <-ctx.Done():
+		e.t.Fatal("the claim did not return")
+	}
+	if c.err != nil {
+		e.t.Fatalf("ClaimWork: %v", c.err)
+	}
+	for _, w := range c.res.Work {
+		if w.ID == third.ID {
+			e.t.Fatalf("the claim handed out the stream's third row %s while its second %s is pending: %v",
+				short(third.ID), short(second.ID), shortIDs(idsOf(c.res.Work)))
+		}
+		if w.Name == "x" {
+			e.t.Fatalf("the claim handed out a paused row %s", short(w.ID))
+		}
+	}
+	// Whatever that claim saw, the stream runs in order from here.
+	e.resume(nameScope(driver.Outbox, "x"), true)
+	var order []uuid.UUID
+	for _, w := range c.res.Work {
+		if w.StreamID == "batches-s" {
+			order = append(order, w.ID)
+			e.completeAll(a, []driver.Work{w})
+		}
+	}
+	for len(order) < 3 {
+		res := e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: defaultLease, MaxPerCategory: bigBatch})
+		if len(res.Work) == 0 {
+			e.t.Fatalf("stream batches-s ran %v, then nothing more was claimable", shortIDs(order))
+		}
+		for _, w := range res.Work {
+			if w.StreamID == "batches-s" {
+				order = append(order, w.ID)
+			}
+		}
+		e.completeAll(a, res.Work)
+	}
+	if !slices.Equal(order, []uuid.UUID{head.ID, second.ID, third.ID}) {
+		e.t.Fatalf("stream batches-s ran %v, want head, second, third", shortIDs(order))
+	}
 }

@@ -36,7 +36,7 @@ type pauser struct{ s *memdriver.Store }
 
 func (p pauser) Arm(point conformance.PausePoint, id uuid.UUID) (conformance.Pause, error) {
 	switch point {
-	case conformance.PauseClaimAfterCandidates:
+	case conformance.PauseClaimAfterCandidates, conformance.PauseClaimBetweenBatches:
 		reached, release := p.s.HoldClaims(id)
 		return hold{reached, release}, nil
 	case conformance.PauseRenewAfterUpdate:

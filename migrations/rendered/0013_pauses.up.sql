@@ -7,9 +7,9 @@
 -- change and read it.
 
 CREATE TABLE "public".wp_pauses (
-    category  text        NOT NULL,
+    category  text        COLLATE "C" NOT NULL,
     named     boolean     NOT NULL, -- false: the whole category
-    name      text        NOT NULL, -- '' when not named
+    name      text        COLLATE "C" NOT NULL, -- '' when not named
     paused_at timestamptz NOT NULL,
     PRIMARY KEY (category, named, name),
     CHECK (named OR name = '')
@@ -50,9 +50,9 @@ $fn$;
 -- wp_resume_work removes the pause wp_pause_work recorded with the same
 -- arguments and returns whether there was one. When there was, it wakes
 -- every live instance (a NOTIFY naming the category, delivered at commit),
--- so the owners of the resumed rows claim them at once. It takes the
--- pauses table no more than an enqueue takes a work table: a claim that
--- still read the pause returns before the wake-up is delivered.
+-- so the owners of the resumed rows claim them at once. It does not wait
+-- for the claims in flight: one that read the pause may still be running
+-- when the wake-up arrives, and the instance claims again after it.
 CREATE FUNCTION "public".wp_resume_work(
     p_category text,
     p_named    boolean,
@@ -92,7 +92,8 @@ END
 $fn$;
 
 -- wp_paused returns every recorded pause, in category order (the order of
--- the categories' declaration), whole-category pauses first, then by name.
+-- the categories' declaration), whole-category pauses first, then by name
+-- (bytewise).
 CREATE FUNCTION "public".wp_paused()
 RETURNS TABLE (category text, named boolean, name text, paused_at timestamptz)
 LANGUAGE sql STABLE
@@ -100,6 +101,51 @@ AS $fn$
     SELECT p.category, p.named, p.name, p.paused_at
       FROM "public".wp_pauses p
      ORDER BY array_position(ARRAY['outbox', 'inbox', 'perspective_event', 'receptor'], p.category), p.named, p.name;
+$fn$;
+
+-- wp_cut_batch is a step of wp_claim_work while some names of a
+-- stream-ordered category are paused (p_paused). Given a batch of
+-- candidates in seq order (parallel arrays) and the streams already cut
+-- (p_cut), it keeps, in seq order and at most p_left of them, the rows
+-- that are not of a cut stream and come before every paused row of their
+-- stream in the batch; it returns them, whether all of them are fresh,
+-- and the streams newly cut. The statement is run by EXECUTE so that the
+-- arrays are planned as constants: the tests against p_paused and p_cut
+-- are hashed, and a claim that cuts many streams stays linear in them.
+CREATE FUNCTION "public".wp_cut_batch(
+    p_ids     uuid[],
+    p_tids    tid[],
+    p_seqs    bigint[],
+    p_streams text[],
+    p_snames  text[],
+    p_fresh   boolean[],
+    p_parts   integer[],
+    p_names   text[],
+    p_paused  text[],
+    p_cut     text[],
+    p_left    integer)
+RETURNS TABLE (ids uuid[], tids tid[], seqs bigint[], streams text[], snames text[], parts integer[],
+               fresh boolean, cut text[])
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    RETURN QUERY EXECUTE $q$
+        WITH z AS (
+            SELECT u.k, u.tid, u.q, u.s, u.sn, u.fr, u.part,
+                   bool_or(u.nm = ANY ($9)) OVER (PARTITION BY u.s ORDER BY u.q) OR u.s = ANY ($10) AS cut
+              FROM unnest($1, $2, $3, $4, $5, $6, $7, $8) AS u(k, tid, q, s, sn, fr, part, nm)),
+        kept AS (
+            SELECT z.*, row_number() OVER (ORDER BY z.q) AS rn FROM z WHERE NOT z.cut)
+        SELECT k.ids, k.tids, k.seqs, k.streams, k.snames, k.parts, k.fresh, c.cut
+          FROM (SELECT array_agg(kept.k ORDER BY kept.q) AS ids, array_agg(kept.tid ORDER BY kept.q) AS tids,
+                       array_agg(kept.q ORDER BY kept.q) AS seqs, array_agg(kept.s ORDER BY kept.q) AS streams,
+                       array_agg(kept.sn ORDER BY kept.q) AS snames, array_agg(kept.part ORDER BY kept.q) AS parts,
+                       bool_and(kept.fr) AS fresh
+                  FROM kept WHERE kept.rn <= $11) k,
+               (SELECT COALESCE(array_agg(DISTINCT z.s), '{}') AS cut
+                  FROM z WHERE z.cut AND z.s <> '' AND NOT (z.s = ANY ($10))) c
+    $q$ USING p_ids, p_tids, p_seqs, p_streams, p_snames, p_fresh, p_parts, p_names, p_paused, p_cut, p_left;
+END
 $fn$;
 
 -- wp_claim_work (version 13: it obeys pauses) leases claimable rows to p_instance_id and returns them,
@@ -192,10 +238,10 @@ DECLARE
     v_pcats    text[];  -- categories paused as a whole
     v_pnc      text[];  -- named pauses: their categories
     v_pnn      text[];  -- ... and their names
-    v_after    bigint;  -- paused names' rounds: the last seq read,
-    v_left     integer; -- the candidates still wanted,
-    v_cutoff   text[];  -- the streams cut at a paused row
-    v_fr       boolean;
+    v_left     integer; -- paused names' path: the candidates still wanted,
+    v_cutoff   text[];  -- the streams cut at a paused row,
+    v_r        record;  -- the row read,
+    v_b        record;  -- a batch's outcome (wp_cut_batch)
     x_id       uuid[];
     x_tid      tid[];
     x_seq      bigint[];
@@ -204,8 +250,6 @@ DECLARE
     x_fresh    boolean[];
     x_part     integer[];
     x_nm       text[];
-    x_cut      text[];
-    x_last     bigint;
     x_n        integer;
     v_outbox     boolean;
     c_outbox_id     uuid[];
@@ -409,21 +453,18 @@ BEGIN
              LIMIT p_max) w;
     ELSIF v_outbox THEN
         -- Some of the category's names are paused. A paused row is not
-        -- taken and blocks the rest of its stream: candidates are read in
-        -- rounds by seq, each round's paused rows and every later row of
-        -- their streams are cut, and later rounds skip the cut streams,
-        -- until p_max rows are kept or the rows run out. (A paused row
+        -- taken and blocks the rest of its stream. The claimable rows are
+        -- read in seq order by one query, so on one snapshot (a paused row
         -- routes as its stream's later rows do and is blocked by what
-        -- blocks them, so it is among the candidates whenever they are.)
-        v_after := -9223372036854775808;
+        -- blocks them, so on that snapshot it comes before them whenever
+        -- they come), in batches: each batch drops its paused rows and
+        -- every later row of their streams, and the rows of streams cut
+        -- by an earlier batch, until p_max rows are kept or the rows run
+        -- out. The cut streams are compared as a hashed set (wp_cut_batch).
         v_left := p_max;
         v_cutoff := '{}';
-        LOOP
-            SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
-                   array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), array_agg(w.fresh ORDER BY w.seq),
-                   array_agg(w.partition_number ORDER BY w.seq), array_agg(w.nm ORDER BY w.seq), max(w.seq), count(*)
-              INTO x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm, x_last, x_n
-              FROM (
+        x_n := 0;
+        FOR v_r IN
                 SELECT u.k, u.tid, u.seq, u.stream_id, u.sname, u.fresh, u.partition_number, u.nm
                   FROM (
                     (SELECT t.message_id AS k, t.ctid AS tid, t.seq, t.stream_id, ''::text AS sname, t.partition_number,
@@ -434,7 +475,6 @@ BEGIN
                         AND "public".wp_rank_key(t.partition_number) < v_khi
                         AND (t.partition_number % 3)::smallint BETWEEN v_m3lo AND v_m3hi
                         AND (t.partition_number % 5)::smallint BETWEEN v_m5lo AND v_m5hi
-                        AND t.seq > v_after
                       ORDER BY t.seq)
                     UNION ALL
                     (SELECT t.message_id, t.ctid, t.seq, t.stream_id, ''::text, t.partition_number, false, t.name
@@ -443,7 +483,6 @@ BEGIN
                         AND (CASE WHEN t.instance_id IS NULL THEN t.scheduled_for ELSE t.lease_expiry END) <= v_now
                         AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
                         AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
-                        AND t.seq > v_after
                       ORDER BY t.seq)
                   ) u
                  WHERE CASE WHEN u.stream_id = '' THEN u.partition_number % v_live = v_rank
@@ -465,34 +504,57 @@ BEGIN
                                  AND ((b.instance_id IS NOT NULL AND b.lease_expiry >= v_now) OR b.scheduled_for > v_now))
                        END
                    AND NOT (u.stream_id = '' AND u.nm = ANY (n_outbox))
-                   AND u.stream_id <> ALL (v_cutoff)
                  ORDER BY u.seq
-                 LIMIT v_left) w;
-            EXIT WHEN x_n = 0;
-            SELECT array_agg(z.k ORDER BY z.q) FILTER (WHERE NOT z.cut), array_agg(z.tid ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   array_agg(z.q ORDER BY z.q) FILTER (WHERE NOT z.cut), array_agg(z.s ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   array_agg(z.sn ORDER BY z.q) FILTER (WHERE NOT z.cut), bool_and(z.fr) FILTER (WHERE NOT z.cut),
-                   array_agg(z.part ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   COALESCE(array_agg(DISTINCT z.s) FILTER (WHERE z.cut), '{}')
-              INTO x_id, x_tid, x_seq, x_stream, x_name, v_fr, x_part, x_cut
-              FROM (SELECT u.*, bool_or(u.nm = ANY (n_outbox)) OVER (PARTITION BY u.s ORDER BY u.q) AS cut
-                      FROM unnest(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm)
-                           AS u(k, tid, q, s, sn, fr, part, nm)) z;
-            IF x_id IS NOT NULL THEN
-                c_outbox_id := c_outbox_id || x_id;
-                c_outbox_tid := c_outbox_tid || x_tid;
-                c_outbox_seq := c_outbox_seq || x_seq;
-                c_outbox_stream := c_outbox_stream || x_stream;
-                c_outbox_name := c_outbox_name || x_name;
-                c_outbox_part := c_outbox_part || x_part;
-                c_outbox_fresh := COALESCE(c_outbox_fresh, true) AND v_fr;
+        LOOP
+            x_id[x_n + 1] := v_r.k;
+            x_tid[x_n + 1] := v_r.tid;
+            x_seq[x_n + 1] := v_r.seq;
+            x_stream[x_n + 1] := v_r.stream_id;
+            x_name[x_n + 1] := v_r.sname;
+            x_fresh[x_n + 1] := v_r.fresh;
+            x_part[x_n + 1] := v_r.partition_number;
+            x_nm[x_n + 1] := v_r.nm;
+            x_n := x_n + 1;
+            CONTINUE WHEN x_n < greatest(v_left, 500);
+            SELECT b.* INTO v_b FROM "public".wp_cut_batch(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm,
+                                                        n_outbox, v_cutoff, v_left) b;
+            c_outbox_id := c_outbox_id || v_b.ids;
+            c_outbox_tid := c_outbox_tid || v_b.tids;
+            c_outbox_seq := c_outbox_seq || v_b.seqs;
+            c_outbox_stream := c_outbox_stream || v_b.streams;
+            c_outbox_name := c_outbox_name || v_b.snames;
+            c_outbox_part := c_outbox_part || v_b.parts;
+            IF v_b.ids IS NOT NULL THEN
+                c_outbox_fresh := COALESCE(c_outbox_fresh, true) AND v_b.fresh;
             END IF;
-            EXIT WHEN x_n < v_left;
+            v_cutoff := v_cutoff || v_b.cut;
             v_left := p_max - COALESCE(cardinality(c_outbox_id), 0);
+            x_n := 0;
+            x_id := NULL; x_tid := NULL; x_seq := NULL; x_stream := NULL;
+            x_name := NULL; x_fresh := NULL; x_part := NULL; x_nm := NULL;
             EXIT WHEN v_left = 0;
-            v_cutoff := v_cutoff || x_cut;
-            v_after := x_last;
+            -- Test sessions can be held here, between two batches, while
+            -- a peer changes rows the next batch reads.
+            IF current_setting('workpump.pause_points', true) = 'on' THEN
+                PERFORM "public".wp_pause_point('claim.between_batches', p_instance_id);
+            END IF;
         END LOOP;
+        IF x_n > 0 THEN
+            SELECT b.* INTO v_b FROM "public".wp_cut_batch(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm,
+                                                        n_outbox, v_cutoff, v_left) b;
+            c_outbox_id := c_outbox_id || v_b.ids;
+            c_outbox_tid := c_outbox_tid || v_b.tids;
+            c_outbox_seq := c_outbox_seq || v_b.seqs;
+            c_outbox_stream := c_outbox_stream || v_b.streams;
+            c_outbox_name := c_outbox_name || v_b.snames;
+            c_outbox_part := c_outbox_part || v_b.parts;
+            IF v_b.ids IS NOT NULL THEN
+                c_outbox_fresh := COALESCE(c_outbox_fresh, true) AND v_b.fresh;
+            END IF;
+            x_n := 0;
+            x_id := NULL; x_tid := NULL; x_seq := NULL; x_stream := NULL;
+            x_name := NULL; x_fresh := NULL; x_part := NULL; x_nm := NULL;
+        END IF;
     END IF;
 
     IF v_inbox AND n_inbox IS NULL THEN
@@ -548,21 +610,18 @@ BEGIN
              LIMIT p_max) w;
     ELSIF v_inbox THEN
         -- Some of the category's names are paused. A paused row is not
-        -- taken and blocks the rest of its stream: candidates are read in
-        -- rounds by seq, each round's paused rows and every later row of
-        -- their streams are cut, and later rounds skip the cut streams,
-        -- until p_max rows are kept or the rows run out. (A paused row
+        -- taken and blocks the rest of its stream. The claimable rows are
+        -- read in seq order by one query, so on one snapshot (a paused row
         -- routes as its stream's later rows do and is blocked by what
-        -- blocks them, so it is among the candidates whenever they are.)
-        v_after := -9223372036854775808;
+        -- blocks them, so on that snapshot it comes before them whenever
+        -- they come), in batches: each batch drops its paused rows and
+        -- every later row of their streams, and the rows of streams cut
+        -- by an earlier batch, until p_max rows are kept or the rows run
+        -- out. The cut streams are compared as a hashed set (wp_cut_batch).
         v_left := p_max;
         v_cutoff := '{}';
-        LOOP
-            SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
-                   array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), array_agg(w.fresh ORDER BY w.seq),
-                   array_agg(w.partition_number ORDER BY w.seq), array_agg(w.nm ORDER BY w.seq), max(w.seq), count(*)
-              INTO x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm, x_last, x_n
-              FROM (
+        x_n := 0;
+        FOR v_r IN
                 SELECT u.k, u.tid, u.seq, u.stream_id, u.sname, u.fresh, u.partition_number, u.nm
                   FROM (
                     (SELECT t.message_id AS k, t.ctid AS tid, t.seq, t.stream_id, ''::text AS sname, t.partition_number,
@@ -573,7 +632,6 @@ BEGIN
                         AND "public".wp_rank_key(t.partition_number) < v_khi
                         AND (t.partition_number % 3)::smallint BETWEEN v_m3lo AND v_m3hi
                         AND (t.partition_number % 5)::smallint BETWEEN v_m5lo AND v_m5hi
-                        AND t.seq > v_after
                       ORDER BY t.seq)
                     UNION ALL
                     (SELECT t.message_id, t.ctid, t.seq, t.stream_id, ''::text, t.partition_number, false, t.name
@@ -582,7 +640,6 @@ BEGIN
                         AND (CASE WHEN t.instance_id IS NULL THEN t.scheduled_for ELSE t.lease_expiry END) <= v_now
                         AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
                         AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
-                        AND t.seq > v_after
                       ORDER BY t.seq)
                   ) u
                  WHERE CASE WHEN u.stream_id = '' THEN u.partition_number % v_live = v_rank
@@ -604,34 +661,57 @@ BEGIN
                                  AND ((b.instance_id IS NOT NULL AND b.lease_expiry >= v_now) OR b.scheduled_for > v_now))
                        END
                    AND NOT (u.stream_id = '' AND u.nm = ANY (n_inbox))
-                   AND u.stream_id <> ALL (v_cutoff)
                  ORDER BY u.seq
-                 LIMIT v_left) w;
-            EXIT WHEN x_n = 0;
-            SELECT array_agg(z.k ORDER BY z.q) FILTER (WHERE NOT z.cut), array_agg(z.tid ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   array_agg(z.q ORDER BY z.q) FILTER (WHERE NOT z.cut), array_agg(z.s ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   array_agg(z.sn ORDER BY z.q) FILTER (WHERE NOT z.cut), bool_and(z.fr) FILTER (WHERE NOT z.cut),
-                   array_agg(z.part ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   COALESCE(array_agg(DISTINCT z.s) FILTER (WHERE z.cut), '{}')
-              INTO x_id, x_tid, x_seq, x_stream, x_name, v_fr, x_part, x_cut
-              FROM (SELECT u.*, bool_or(u.nm = ANY (n_inbox)) OVER (PARTITION BY u.s ORDER BY u.q) AS cut
-                      FROM unnest(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm)
-                           AS u(k, tid, q, s, sn, fr, part, nm)) z;
-            IF x_id IS NOT NULL THEN
-                c_inbox_id := c_inbox_id || x_id;
-                c_inbox_tid := c_inbox_tid || x_tid;
-                c_inbox_seq := c_inbox_seq || x_seq;
-                c_inbox_stream := c_inbox_stream || x_stream;
-                c_inbox_name := c_inbox_name || x_name;
-                c_inbox_part := c_inbox_part || x_part;
-                c_inbox_fresh := COALESCE(c_inbox_fresh, true) AND v_fr;
+        LOOP
+            x_id[x_n + 1] := v_r.k;
+            x_tid[x_n + 1] := v_r.tid;
+            x_seq[x_n + 1] := v_r.seq;
+            x_stream[x_n + 1] := v_r.stream_id;
+            x_name[x_n + 1] := v_r.sname;
+            x_fresh[x_n + 1] := v_r.fresh;
+            x_part[x_n + 1] := v_r.partition_number;
+            x_nm[x_n + 1] := v_r.nm;
+            x_n := x_n + 1;
+            CONTINUE WHEN x_n < greatest(v_left, 500);
+            SELECT b.* INTO v_b FROM "public".wp_cut_batch(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm,
+                                                        n_inbox, v_cutoff, v_left) b;
+            c_inbox_id := c_inbox_id || v_b.ids;
+            c_inbox_tid := c_inbox_tid || v_b.tids;
+            c_inbox_seq := c_inbox_seq || v_b.seqs;
+            c_inbox_stream := c_inbox_stream || v_b.streams;
+            c_inbox_name := c_inbox_name || v_b.snames;
+            c_inbox_part := c_inbox_part || v_b.parts;
+            IF v_b.ids IS NOT NULL THEN
+                c_inbox_fresh := COALESCE(c_inbox_fresh, true) AND v_b.fresh;
             END IF;
-            EXIT WHEN x_n < v_left;
+            v_cutoff := v_cutoff || v_b.cut;
             v_left := p_max - COALESCE(cardinality(c_inbox_id), 0);
+            x_n := 0;
+            x_id := NULL; x_tid := NULL; x_seq := NULL; x_stream := NULL;
+            x_name := NULL; x_fresh := NULL; x_part := NULL; x_nm := NULL;
             EXIT WHEN v_left = 0;
-            v_cutoff := v_cutoff || x_cut;
-            v_after := x_last;
+            -- Test sessions can be held here, between two batches, while
+            -- a peer changes rows the next batch reads.
+            IF current_setting('workpump.pause_points', true) = 'on' THEN
+                PERFORM "public".wp_pause_point('claim.between_batches', p_instance_id);
+            END IF;
         END LOOP;
+        IF x_n > 0 THEN
+            SELECT b.* INTO v_b FROM "public".wp_cut_batch(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm,
+                                                        n_inbox, v_cutoff, v_left) b;
+            c_inbox_id := c_inbox_id || v_b.ids;
+            c_inbox_tid := c_inbox_tid || v_b.tids;
+            c_inbox_seq := c_inbox_seq || v_b.seqs;
+            c_inbox_stream := c_inbox_stream || v_b.streams;
+            c_inbox_name := c_inbox_name || v_b.snames;
+            c_inbox_part := c_inbox_part || v_b.parts;
+            IF v_b.ids IS NOT NULL THEN
+                c_inbox_fresh := COALESCE(c_inbox_fresh, true) AND v_b.fresh;
+            END IF;
+            x_n := 0;
+            x_id := NULL; x_tid := NULL; x_seq := NULL; x_stream := NULL;
+            x_name := NULL; x_fresh := NULL; x_part := NULL; x_nm := NULL;
+        END IF;
     END IF;
 
     IF v_perspective_event AND n_perspective_event IS NULL THEN
@@ -790,21 +870,18 @@ BEGIN
              LIMIT p_max) w;
     ELSIF v_receptor THEN
         -- Some of the category's names are paused. A paused row is not
-        -- taken and blocks the rest of its stream: candidates are read in
-        -- rounds by seq, each round's paused rows and every later row of
-        -- their streams are cut, and later rounds skip the cut streams,
-        -- until p_max rows are kept or the rows run out. (A paused row
+        -- taken and blocks the rest of its stream. The claimable rows are
+        -- read in seq order by one query, so on one snapshot (a paused row
         -- routes as its stream's later rows do and is blocked by what
-        -- blocks them, so it is among the candidates whenever they are.)
-        v_after := -9223372036854775808;
+        -- blocks them, so on that snapshot it comes before them whenever
+        -- they come), in batches: each batch drops its paused rows and
+        -- every later row of their streams, and the rows of streams cut
+        -- by an earlier batch, until p_max rows are kept or the rows run
+        -- out. The cut streams are compared as a hashed set (wp_cut_batch).
         v_left := p_max;
         v_cutoff := '{}';
-        LOOP
-            SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
-                   array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), array_agg(w.fresh ORDER BY w.seq),
-                   array_agg(w.partition_number ORDER BY w.seq), array_agg(w.nm ORDER BY w.seq), max(w.seq), count(*)
-              INTO x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm, x_last, x_n
-              FROM (
+        x_n := 0;
+        FOR v_r IN
                 SELECT u.k, u.tid, u.seq, u.stream_id, u.sname, u.fresh, u.partition_number, u.nm
                   FROM (
                     (SELECT t.id AS k, t.ctid AS tid, t.seq, t.stream_id, ''::text AS sname, t.partition_number,
@@ -815,7 +892,6 @@ BEGIN
                         AND "public".wp_rank_key(t.partition_number) < v_khi
                         AND (t.partition_number % 3)::smallint BETWEEN v_m3lo AND v_m3hi
                         AND (t.partition_number % 5)::smallint BETWEEN v_m5lo AND v_m5hi
-                        AND t.seq > v_after
                       ORDER BY t.seq)
                     UNION ALL
                     (SELECT t.id, t.ctid, t.seq, t.stream_id, ''::text, t.partition_number, false, t.name
@@ -824,7 +900,6 @@ BEGIN
                         AND (CASE WHEN t.instance_id IS NULL THEN t.scheduled_for ELSE t.lease_expiry END) <= v_now
                         AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
                         AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
-                        AND t.seq > v_after
                       ORDER BY t.seq)
                   ) u
                  WHERE CASE WHEN u.stream_id = '' THEN u.partition_number % v_live = v_rank
@@ -846,34 +921,57 @@ BEGIN
                                  AND ((b.instance_id IS NOT NULL AND b.lease_expiry >= v_now) OR b.scheduled_for > v_now))
                        END
                    AND NOT (u.stream_id = '' AND u.nm = ANY (n_receptor))
-                   AND u.stream_id <> ALL (v_cutoff)
                  ORDER BY u.seq
-                 LIMIT v_left) w;
-            EXIT WHEN x_n = 0;
-            SELECT array_agg(z.k ORDER BY z.q) FILTER (WHERE NOT z.cut), array_agg(z.tid ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   array_agg(z.q ORDER BY z.q) FILTER (WHERE NOT z.cut), array_agg(z.s ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   array_agg(z.sn ORDER BY z.q) FILTER (WHERE NOT z.cut), bool_and(z.fr) FILTER (WHERE NOT z.cut),
-                   array_agg(z.part ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   COALESCE(array_agg(DISTINCT z.s) FILTER (WHERE z.cut), '{}')
-              INTO x_id, x_tid, x_seq, x_stream, x_name, v_fr, x_part, x_cut
-              FROM (SELECT u.*, bool_or(u.nm = ANY (n_receptor)) OVER (PARTITION BY u.s ORDER BY u.q) AS cut
-                      FROM unnest(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm)
-                           AS u(k, tid, q, s, sn, fr, part, nm)) z;
-            IF x_id IS NOT NULL THEN
-                c_receptor_id := c_receptor_id || x_id;
-                c_receptor_tid := c_receptor_tid || x_tid;
-                c_receptor_seq := c_receptor_seq || x_seq;
-                c_receptor_stream := c_receptor_stream || x_stream;
-                c_receptor_name := c_receptor_name || x_name;
-                c_receptor_part := c_receptor_part || x_part;
-                c_receptor_fresh := COALESCE(c_receptor_fresh, true) AND v_fr;
+        LOOP
+            x_id[x_n + 1] := v_r.k;
+            x_tid[x_n + 1] := v_r.tid;
+            x_seq[x_n + 1] := v_r.seq;
+            x_stream[x_n + 1] := v_r.stream_id;
+            x_name[x_n + 1] := v_r.sname;
+            x_fresh[x_n + 1] := v_r.fresh;
+            x_part[x_n + 1] := v_r.partition_number;
+            x_nm[x_n + 1] := v_r.nm;
+            x_n := x_n + 1;
+            CONTINUE WHEN x_n < greatest(v_left, 500);
+            SELECT b.* INTO v_b FROM "public".wp_cut_batch(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm,
+                                                        n_receptor, v_cutoff, v_left) b;
+            c_receptor_id := c_receptor_id || v_b.ids;
+            c_receptor_tid := c_receptor_tid || v_b.tids;
+            c_receptor_seq := c_receptor_seq || v_b.seqs;
+            c_receptor_stream := c_receptor_stream || v_b.streams;
+            c_receptor_name := c_receptor_name || v_b.snames;
+            c_receptor_part := c_receptor_part || v_b.parts;
+            IF v_b.ids IS NOT NULL THEN
+                c_receptor_fresh := COALESCE(c_receptor_fresh, true) AND v_b.fresh;
             END IF;
-            EXIT WHEN x_n < v_left;
+            v_cutoff := v_cutoff || v_b.cut;
             v_left := p_max - COALESCE(cardinality(c_receptor_id), 0);
+            x_n := 0;
+            x_id := NULL; x_tid := NULL; x_seq := NULL; x_stream := NULL;
+            x_name := NULL; x_fresh := NULL; x_part := NULL; x_nm := NULL;
             EXIT WHEN v_left = 0;
-            v_cutoff := v_cutoff || x_cut;
-            v_after := x_last;
+            -- Test sessions can be held here, between two batches, while
+            -- a peer changes rows the next batch reads.
+            IF current_setting('workpump.pause_points', true) = 'on' THEN
+                PERFORM "public".wp_pause_point('claim.between_batches', p_instance_id);
+            END IF;
         END LOOP;
+        IF x_n > 0 THEN
+            SELECT b.* INTO v_b FROM "public".wp_cut_batch(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm,
+                                                        n_receptor, v_cutoff, v_left) b;
+            c_receptor_id := c_receptor_id || v_b.ids;
+            c_receptor_tid := c_receptor_tid || v_b.tids;
+            c_receptor_seq := c_receptor_seq || v_b.seqs;
+            c_receptor_stream := c_receptor_stream || v_b.streams;
+            c_receptor_name := c_receptor_name || v_b.snames;
+            c_receptor_part := c_receptor_part || v_b.parts;
+            IF v_b.ids IS NOT NULL THEN
+                c_receptor_fresh := COALESCE(c_receptor_fresh, true) AND v_b.fresh;
+            END IF;
+            x_n := 0;
+            x_id := NULL; x_tid := NULL; x_seq := NULL; x_stream := NULL;
+            x_name := NULL; x_fresh := NULL; x_part := NULL; x_nm := NULL;
+        END IF;
     END IF;
 
     -- 4. Candidates found: the pause point, then the instance row's

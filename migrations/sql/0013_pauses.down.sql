@@ -3,6 +3,7 @@ DROP FUNCTION IF EXISTS {{.S}}.wp_paused();
 DROP FUNCTION IF EXISTS {{.S}}.wp_resume_work(text, boolean, text);
 DROP FUNCTION IF EXISTS {{.S}}.wp_pause_work(text, boolean, text, timestamptz);
 DROP FUNCTION IF EXISTS {{.S}}.wp_check_pause_args(text, boolean, text);
+DROP FUNCTION IF EXISTS {{.S}}.wp_cut_batch(uuid[], tid[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], integer);
 
 -- wp_claim_work leases claimable rows to p_instance_id and returns them,
 -- grouped by category (outbox, inbox, perspective_event, receptor); within a

@@ -5,9 +5,9 @@
 -- change and read it.
 
 CREATE TABLE {{.S}}.wp_pauses (
-    category  text        NOT NULL,
+    category  text        COLLATE "C" NOT NULL,
     named     boolean     NOT NULL, -- false: the whole category
-    name      text        NOT NULL, -- '' when not named
+    name      text        COLLATE "C" NOT NULL, -- '' when not named
     paused_at timestamptz NOT NULL,
     PRIMARY KEY (category, named, name),
     CHECK (named OR name = '')
@@ -48,9 +48,9 @@ $fn$;
 -- wp_resume_work removes the pause wp_pause_work recorded with the same
 -- arguments and returns whether there was one. When there was, it wakes
 -- every live instance (a NOTIFY naming the category, delivered at commit),
--- so the owners of the resumed rows claim them at once. It takes the
--- pauses table no more than an enqueue takes a work table: a claim that
--- still read the pause returns before the wake-up is delivered.
+-- so the owners of the resumed rows claim them at once. It does not wait
+-- for the claims in flight: one that read the pause may still be running
+-- when the wake-up arrives, and the instance claims again after it.
 CREATE FUNCTION {{.S}}.wp_resume_work(
     p_category text,
     p_named    boolean,
@@ -90,7 +90,8 @@ END
 $fn$;
 
 -- wp_paused returns every recorded pause, in category order (the order of
--- the categories' declaration), whole-category pauses first, then by name.
+-- the categories' declaration), whole-category pauses first, then by name
+-- (bytewise).
 CREATE FUNCTION {{.S}}.wp_paused()
 RETURNS TABLE (category text, named boolean, name text, paused_at timestamptz)
 LANGUAGE sql STABLE
@@ -98,6 +99,51 @@ AS $fn$
     SELECT p.category, p.named, p.name, p.paused_at
       FROM {{.S}}.wp_pauses p
      ORDER BY array_position(ARRAY[{{.CatList}}], p.category), p.named, p.name;
+$fn$;
+
+-- wp_cut_batch is a step of wp_claim_work while some names of a
+-- stream-ordered category are paused (p_paused). Given a batch of
+-- candidates in seq order (parallel arrays) and the streams already cut
+-- (p_cut), it keeps, in seq order and at most p_left of them, the rows
+-- that are not of a cut stream and come before every paused row of their
+-- stream in the batch; it returns them, whether all of them are fresh,
+-- and the streams newly cut. The statement is run by EXECUTE so that the
+-- arrays are planned as constants: the tests against p_paused and p_cut
+-- are hashed, and a claim that cuts many streams stays linear in them.
+CREATE FUNCTION {{.S}}.wp_cut_batch(
+    p_ids     uuid[],
+    p_tids    tid[],
+    p_seqs    bigint[],
+    p_streams text[],
+    p_snames  text[],
+    p_fresh   boolean[],
+    p_parts   integer[],
+    p_names   text[],
+    p_paused  text[],
+    p_cut     text[],
+    p_left    integer)
+RETURNS TABLE (ids uuid[], tids tid[], seqs bigint[], streams text[], snames text[], parts integer[],
+               fresh boolean, cut text[])
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    RETURN QUERY EXECUTE $q$
+        WITH z AS (
+            SELECT u.k, u.tid, u.q, u.s, u.sn, u.fr, u.part,
+                   bool_or(u.nm = ANY ($9)) OVER (PARTITION BY u.s ORDER BY u.q) OR u.s = ANY ($10) AS cut
+              FROM unnest($1, $2, $3, $4, $5, $6, $7, $8) AS u(k, tid, q, s, sn, fr, part, nm)),
+        kept AS (
+            SELECT z.*, row_number() OVER (ORDER BY z.q) AS rn FROM z WHERE NOT z.cut)
+        SELECT k.ids, k.tids, k.seqs, k.streams, k.snames, k.parts, k.fresh, c.cut
+          FROM (SELECT array_agg(kept.k ORDER BY kept.q) AS ids, array_agg(kept.tid ORDER BY kept.q) AS tids,
+                       array_agg(kept.q ORDER BY kept.q) AS seqs, array_agg(kept.s ORDER BY kept.q) AS streams,
+                       array_agg(kept.sn ORDER BY kept.q) AS snames, array_agg(kept.part ORDER BY kept.q) AS parts,
+                       bool_and(kept.fr) AS fresh
+                  FROM kept WHERE kept.rn <= $11) k,
+               (SELECT COALESCE(array_agg(DISTINCT z.s), '{}') AS cut
+                  FROM z WHERE z.cut AND z.s <> '' AND NOT (z.s = ANY ($10))) c
+    $q$ USING p_ids, p_tids, p_seqs, p_streams, p_snames, p_fresh, p_parts, p_names, p_paused, p_cut, p_left;
+END
 $fn$;
 
 -- wp_claim_work (version 13: it obeys pauses) leases claimable rows to p_instance_id and returns them,
@@ -190,10 +236,10 @@ DECLARE
     v_pcats    text[];  -- categories paused as a whole
     v_pnc      text[];  -- named pauses: their categories
     v_pnn      text[];  -- ... and their names
-    v_after    bigint;  -- paused names' rounds: the last seq read,
-    v_left     integer; -- the candidates still wanted,
-    v_cutoff   text[];  -- the streams cut at a paused row
-    v_fr       boolean;
+    v_left     integer; -- paused names' path: the candidates still wanted,
+    v_cutoff   text[];  -- the streams cut at a paused row,
+    v_r        record;  -- the row read,
+    v_b        record;  -- a batch's outcome (wp_cut_batch)
     x_id       uuid[];
     x_tid      tid[];
     x_seq      bigint[];
@@ -202,8 +248,6 @@ DECLARE
     x_fresh    boolean[];
     x_part     integer[];
     x_nm       text[];
-    x_cut      text[];
-    x_last     bigint;
     x_n        integer;
 {{- range .Cats}}
     v_{{.Name}}     boolean;
@@ -413,21 +457,18 @@ BEGIN
              LIMIT p_max) w;
 {{- else}}
         -- Some of the category's names are paused. A paused row is not
-        -- taken and blocks the rest of its stream: candidates are read in
-        -- rounds by seq, each round's paused rows and every later row of
-        -- their streams are cut, and later rounds skip the cut streams,
-        -- until p_max rows are kept or the rows run out. (A paused row
+        -- taken and blocks the rest of its stream. The claimable rows are
+        -- read in seq order by one query, so on one snapshot (a paused row
         -- routes as its stream's later rows do and is blocked by what
-        -- blocks them, so it is among the candidates whenever they are.)
-        v_after := -9223372036854775808;
+        -- blocks them, so on that snapshot it comes before them whenever
+        -- they come), in batches: each batch drops its paused rows and
+        -- every later row of their streams, and the rows of streams cut
+        -- by an earlier batch, until p_max rows are kept or the rows run
+        -- out. The cut streams are compared as a hashed set (wp_cut_batch).
         v_left := p_max;
         v_cutoff := '{}';
-        LOOP
-            SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
-                   array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), array_agg(w.fresh ORDER BY w.seq),
-                   array_agg(w.partition_number ORDER BY w.seq), array_agg(w.nm ORDER BY w.seq), max(w.seq), count(*)
-              INTO x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm, x_last, x_n
-              FROM (
+        x_n := 0;
+        FOR v_r IN
                 SELECT u.k, u.tid, u.seq, u.stream_id, u.sname, u.fresh, u.partition_number, u.nm
                   FROM (
                     (SELECT t.{{.Key}} AS k, t.ctid AS tid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}} AS sname, t.partition_number,
@@ -438,7 +479,6 @@ BEGIN
                         AND {{$.S}}.wp_rank_key(t.partition_number) < v_khi
                         AND (t.partition_number % 3)::smallint BETWEEN v_m3lo AND v_m3hi
                         AND (t.partition_number % 5)::smallint BETWEEN v_m5lo AND v_m5hi
-                        AND t.seq > v_after
                       ORDER BY t.seq)
                     UNION ALL
                     (SELECT t.{{.Key}}, t.ctid, t.seq, t.stream_id, {{if .ByName}}t.name{{else}}''::text{{end}}, t.partition_number, false, t.name
@@ -447,7 +487,6 @@ BEGIN
                         AND (CASE WHEN t.instance_id IS NULL THEN t.scheduled_for ELSE t.lease_expiry END) <= v_now
                         AND (t.instance_id IS NULL OR t.lease_expiry < v_now)
                         AND (t.scheduled_for IS NULL OR t.scheduled_for <= v_now)
-                        AND t.seq > v_after
                       ORDER BY t.seq)
                   ) u
                  WHERE CASE WHEN u.stream_id = '' THEN u.partition_number % v_live = v_rank
@@ -469,34 +508,57 @@ BEGIN
                                  AND ((b.instance_id IS NOT NULL AND b.lease_expiry >= v_now) OR b.scheduled_for > v_now))
                        END
                    AND NOT (u.stream_id = '' AND u.nm = ANY (n_{{.Name}}))
-                   AND u.stream_id <> ALL (v_cutoff)
                  ORDER BY u.seq
-                 LIMIT v_left) w;
-            EXIT WHEN x_n = 0;
-            SELECT array_agg(z.k ORDER BY z.q) FILTER (WHERE NOT z.cut), array_agg(z.tid ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   array_agg(z.q ORDER BY z.q) FILTER (WHERE NOT z.cut), array_agg(z.s ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   array_agg(z.sn ORDER BY z.q) FILTER (WHERE NOT z.cut), bool_and(z.fr) FILTER (WHERE NOT z.cut),
-                   array_agg(z.part ORDER BY z.q) FILTER (WHERE NOT z.cut),
-                   COALESCE(array_agg(DISTINCT z.s) FILTER (WHERE z.cut), '{}')
-              INTO x_id, x_tid, x_seq, x_stream, x_name, v_fr, x_part, x_cut
-              FROM (SELECT u.*, bool_or(u.nm = ANY (n_{{.Name}})) OVER (PARTITION BY u.s ORDER BY u.q) AS cut
-                      FROM unnest(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm)
-                           AS u(k, tid, q, s, sn, fr, part, nm)) z;
-            IF x_id IS NOT NULL THEN
-                c_{{.Name}}_id := c_{{.Name}}_id || x_id;
-                c_{{.Name}}_tid := c_{{.Name}}_tid || x_tid;
-                c_{{.Name}}_seq := c_{{.Name}}_seq || x_seq;
-                c_{{.Name}}_stream := c_{{.Name}}_stream || x_stream;
-                c_{{.Name}}_name := c_{{.Name}}_name || x_name;
-                c_{{.Name}}_part := c_{{.Name}}_part || x_part;
-                c_{{.Name}}_fresh := COALESCE(c_{{.Name}}_fresh, true) AND v_fr;
+        LOOP
+            x_id[x_n + 1] := v_r.k;
+            x_tid[x_n + 1] := v_r.tid;
+            x_seq[x_n + 1] := v_r.seq;
+            x_stream[x_n + 1] := v_r.stream_id;
+            x_name[x_n + 1] := v_r.sname;
+            x_fresh[x_n + 1] := v_r.fresh;
+            x_part[x_n + 1] := v_r.partition_number;
+            x_nm[x_n + 1] := v_r.nm;
+            x_n := x_n + 1;
+            CONTINUE WHEN x_n < greatest(v_left, 500);
+            SELECT b.* INTO v_b FROM {{$.S}}.wp_cut_batch(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm,
+                                                        n_{{.Name}}, v_cutoff, v_left) b;
+            c_{{.Name}}_id := c_{{.Name}}_id || v_b.ids;
+            c_{{.Name}}_tid := c_{{.Name}}_tid || v_b.tids;
+            c_{{.Name}}_seq := c_{{.Name}}_seq || v_b.seqs;
+            c_{{.Name}}_stream := c_{{.Name}}_stream || v_b.streams;
+            c_{{.Name}}_name := c_{{.Name}}_name || v_b.snames;
+            c_{{.Name}}_part := c_{{.Name}}_part || v_b.parts;
+            IF v_b.ids IS NOT NULL THEN
+                c_{{.Name}}_fresh := COALESCE(c_{{.Name}}_fresh, true) AND v_b.fresh;
             END IF;
-            EXIT WHEN x_n < v_left;
+            v_cutoff := v_cutoff || v_b.cut;
             v_left := p_max - COALESCE(cardinality(c_{{.Name}}_id), 0);
+            x_n := 0;
+            x_id := NULL; x_tid := NULL; x_seq := NULL; x_stream := NULL;
+            x_name := NULL; x_fresh := NULL; x_part := NULL; x_nm := NULL;
             EXIT WHEN v_left = 0;
-            v_cutoff := v_cutoff || x_cut;
-            v_after := x_last;
+            -- Test sessions can be held here, between two batches, while
+            -- a peer changes rows the next batch reads.
+            IF current_setting('workpump.pause_points', true) = 'on' THEN
+                PERFORM {{$.S}}.wp_pause_point('claim.between_batches', p_instance_id);
+            END IF;
         END LOOP;
+        IF x_n > 0 THEN
+            SELECT b.* INTO v_b FROM {{$.S}}.wp_cut_batch(x_id, x_tid, x_seq, x_stream, x_name, x_fresh, x_part, x_nm,
+                                                        n_{{.Name}}, v_cutoff, v_left) b;
+            c_{{.Name}}_id := c_{{.Name}}_id || v_b.ids;
+            c_{{.Name}}_tid := c_{{.Name}}_tid || v_b.tids;
+            c_{{.Name}}_seq := c_{{.Name}}_seq || v_b.seqs;
+            c_{{.Name}}_stream := c_{{.Name}}_stream || v_b.streams;
+            c_{{.Name}}_name := c_{{.Name}}_name || v_b.snames;
+            c_{{.Name}}_part := c_{{.Name}}_part || v_b.parts;
+            IF v_b.ids IS NOT NULL THEN
+                c_{{.Name}}_fresh := COALESCE(c_{{.Name}}_fresh, true) AND v_b.fresh;
+            END IF;
+            x_n := 0;
+            x_id := NULL; x_tid := NULL; x_seq := NULL; x_stream := NULL;
+            x_name := NULL; x_fresh := NULL; x_part := NULL; x_nm := NULL;
+        END IF;
 {{- end}}
     END IF;
 {{end}}
