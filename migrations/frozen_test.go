@@ -39,6 +39,8 @@ var released = map[string]string{
 	"0011_cancel.up.sql":               "f2be5523f3bc6aa6183436ad8872a931d797cef27d77ac2904faa575056db793",
 	"0012_dead_letter_holds.down.sql":  "b47b2e1c28b9d899ab45e7f71b38194fb1dd5a28620cbaba1e39281b81302992",
 	"0012_dead_letter_holds.up.sql":    "ad6ae63883ab4211253cc8fbf2d17d714e4d201d147722e709865cff0992a9fd",
+	"0013_pauses.down.sql":             "223a6f11d9de75ac97f78f81261d0f9e6bb3dad1990f54677fd5a30c7f94a244",
+	"0013_pauses.up.sql":               "8f766227908ff7aba4db4dcc1af9cdedae781649fd8a7ddf6dc3e3502f4f1701",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released
