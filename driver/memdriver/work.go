@@ -19,15 +19,28 @@ func (s *Store) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUI
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := driver.ValidateNewWork(items); err != nil {
+	ids, rows, err := s.newRows(items)
+	if err != nil {
 		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.insertLocked(rows, s.now())
+	return ids, nil
+}
+
+// newRows validates items and makes their rows, ids assigned, outside the
+// store's lock: Enqueue and a Tx's commit insert them.
+func (s *Store) newRows(items []driver.NewWork) ([]uuid.UUID, []row, error) {
+	if err := driver.ValidateNewWork(items); err != nil {
+		return nil, nil, err
 	}
 	ids := make([]uuid.UUID, len(items))
 	for i, it := range items {
 		ids[i] = it.ID
 	}
 	if err := uuidv7.FillNil(ids); err != nil {
-		return nil, fmt.Errorf("memdriver: assign ids: %w", err)
+		return nil, nil, fmt.Errorf("memdriver: assign ids: %w", err)
 	}
 	rows := make([]row, len(items)) // one allocation; rows never move
 	for i, it := range items {
@@ -44,11 +57,7 @@ func (s *Store) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUI
 			ScheduledFor: trunc(it.ScheduledFor),
 		}
 	}
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.insertLocked(rows, s.now())
-	return ids, nil
+	return ids, rows, nil
 }
 
 // insertLocked inserts rows whose id is not in their category yet, as

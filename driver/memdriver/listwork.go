@@ -1,0 +1,46 @@
+package memdriver
+
+import (
+	"cmp"
+	"context"
+	"slices"
+
+	"github.com/workpump/workpump/driver"
+)
+
+var _ driver.WorkLister = (*Store)(nil)
+
+// ListWork returns the unprocessed rows of q's categories in Seq order
+// within each category (see driver.WorkLister), as copies.
+func (s *Store) ListWork(ctx context.Context, q driver.WorkQuery) ([]driver.WorkState, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := q.Validate(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []driver.WorkState
+	for _, cat := range q.CategoriesOrAll() {
+		c := s.cat(cat)
+		var rows []*row
+		for _, r := range c.rows {
+			if r.processedAt.IsZero() && !r.removed {
+				rows = append(rows, r)
+			}
+		}
+		slices.SortFunc(rows, func(a, b *row) int { return cmp.Compare(a.w.Seq, b.w.Seq) })
+		if q.Limit > 0 && len(rows) > q.Limit {
+			rows = rows[:q.Limit]
+		}
+		for _, r := range rows {
+			out = append(out, driver.WorkState{
+				Work:       copyWork(r.w),
+				InstanceID: r.instance,
+				LastError:  r.lastError,
+			})
+		}
+	}
+	return out, nil
+}

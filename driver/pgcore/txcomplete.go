@@ -1,0 +1,76 @@
+package pgcore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/workpump/workpump/driver"
+)
+
+var _ driver.TxCompleter = (*Core)(nil)
+
+type txKey struct{}
+
+// TxFrom returns the transaction Core.CompleteDeliveryInTx put into ctx,
+// as the core's Tx; ok is false outside such a callback. The adapters
+// (pgxdriver, bundriver, sqldriver) shadow CompleteDeliveryInTx and put
+// their client's own transaction type into ctx instead, read back with
+// their TxFrom.
+func TxFrom(ctx context.Context) (tx Tx, ok bool) {
+	tx, ok = ctx.Value(txKey{}).(Tx)
+	return tx, ok
+}
+
+// CompleteDeliveryInTx implements driver.TxCompleter on the core's DB:
+// fn reads the transaction with TxFrom.
+func (c *Core) CompleteDeliveryInTx(ctx context.Context, fn func(ctx context.Context) error) error {
+	return c.RunDeliveryTx(ctx, func(ctx context.Context) (Tx, context.Context, error) {
+		tx, err := c.db.Begin(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return tx, context.WithValue(ctx, txKey{}, tx), nil
+	}, fn)
+}
+
+// RunDeliveryTx is the body every adapter's CompleteDeliveryInTx shares
+// (see driver.TxCompleter): it checks that ctx is a pump handler's, calls
+// begin for a transaction and the context that carries it in the
+// client's own type, runs fn with that context, completes the delivery in
+// the transaction (CompleteDeliveryOn) and commits. It rolls back when fn
+// fails or panics (the panic goes on) and when the completion is refused.
+func (c *Core) RunDeliveryTx(ctx context.Context, begin func(context.Context) (Tx, context.Context, error), fn func(ctx context.Context) error) (err error) {
+	if _, err := driver.DeliveryFromTx(ctx); err != nil {
+		return err
+	}
+	if fn == nil {
+		return fmt.Errorf("%w: fn: nil", driver.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	tx, txCtx, err := begin(ctx)
+	if err != nil {
+		return c.mapError("CompleteDeliveryInTx", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			// The rollback's own error is of no use to the caller: fn's
+			// error (or panic) is the story, and a broken connection
+			// rolls back by itself.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := fn(txCtx); err != nil {
+		return err
+	}
+	if err := c.CompleteDeliveryOn(txCtx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return c.mapError("CompleteDeliveryInTx", err)
+	}
+	committed = true
+	return nil
+}
