@@ -438,7 +438,7 @@ func (d *dispatcher) execute(s *slot, r run) {
 // outcome. It returns the handler's error.
 func (d *dispatcher) runOne(w driver.Work, h *loops.LeaseHandle, claim uint64) error {
 	p := d.p
-	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w}
+	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w, Coordinator: p.coord}
 	ctx := driver.WithDelivery(h.Context(), del)
 	start := time.Now()
 	h.Begin()

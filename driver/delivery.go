@@ -15,7 +15,12 @@ import (
 type Delivery struct {
 	InstanceID uuid.UUID
 	Work       Work
-	settled    atomic.Bool
+	// Coordinator is the store the item came from, so that code holding
+	// only the handler's context can complete it there in a transaction
+	// (workpump.CompleteInTx, through TxCompleter). Nil when the runner
+	// did not set it.
+	Coordinator Coordinator
+	settled     atomic.Bool
 }
 
 // MarkSettled records that the item was completed in the handler's own

@@ -3,6 +3,7 @@ package memdriver
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 
 	"github.com/workpump/workpump/driver"
@@ -40,6 +41,35 @@ func (s *Store) ListWork(ctx context.Context, q driver.WorkQuery) ([]driver.Work
 				InstanceID: r.instance,
 				LastError:  r.lastError,
 			})
+		}
+	}
+	return out, nil
+}
+
+// ListWorkTx lists as ListWork does, followed by the items enqueued
+// through tx and not yet committed (in the order they were enqueued,
+// without Seq or CreatedAt, which the commit assigns), as a Postgres
+// transaction sees its own uncommitted rows.
+func (s *Store) ListWorkTx(ctx context.Context, tx *Tx, q driver.WorkQuery) ([]driver.WorkState, error) {
+	if tx == nil || tx.s != s {
+		return nil, fmt.Errorf("%w: tx: not a transaction of this store", driver.ErrInvalidArgument)
+	}
+	out, err := s.ListWork(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	for _, cat := range q.CategoriesOrAll() {
+		n := 0
+		for _, rs := range tx.rows {
+			for _, r := range rs {
+				if r.w.Category != cat || (q.Limit > 0 && n >= q.Limit) {
+					continue
+				}
+				n++
+				out = append(out, driver.WorkState{Work: copyWork(r.w)})
+			}
 		}
 	}
 	return out, nil
