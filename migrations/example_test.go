@@ -34,6 +34,7 @@ func ExampleRender() {
 	// 0011_cancel: creates wp_ objects in "shop": true
 	// 0012_dead_letter_holds: creates wp_ objects in "shop": true
 	// 0013_pauses: creates wp_ objects in "shop": true
+	// 0014_lock_order: creates wp_ objects in "shop": true
 	// true
 }
 

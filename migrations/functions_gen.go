@@ -6,7 +6,7 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 13,
+	version: 14,
 	list: []InstalledFunction{
 		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
@@ -14,8 +14,8 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_channel(uuid)", Checksum: "be4f6d9974039587cc8205af6103bd0f"},
 		{Signature: "wp_check_pause_args(text, boolean, text)", Checksum: "eff910675dbae1e36f59935f71e35c6b"},
 		{Signature: "wp_claim_lock_rows(text, uuid[], tid[], bigint[], text[], text[], boolean, text[], timestamp with time zone)", Checksum: "79663683649f9efb6aa737773bd0f6bb"},
-		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "a46360c14c4a27ec2e5bd3ec9630869e"},
-		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone)", Checksum: "949341e4ce78cd721399da45dc2e32e1"},
+		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "b53728aec56121f662804f11c7e513e8"},
+		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone)", Checksum: "daf543c6516385d27c37580498cd310d"},
 		{Signature: "wp_cleanup_stale_instances(bigint, bigint, timestamp with time zone, bigint)", Checksum: "b20bb9a3a8c04082f3ee1bae22183e92"},
 		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "c83032baccfec8aac2be8949f7df15c2"},
 		{Signature: "wp_cut_batch(uuid[], tid[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], integer)", Checksum: "f6ad137f1a0832d155f6ffd16497c71f"},

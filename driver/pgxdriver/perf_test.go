@@ -367,3 +367,74 @@ func BenchmarkEnqueuePaths(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkClaimPastPausedNames measures one claim of up to 1000 outbox
+// rows while a name is paused. "cut-N": the oldest N rows are of the
+// paused name, each in a stream of its own, so the claim cuts N streams
+// before it reaches the 1000 rows it takes; its cost should grow linearly
+// in N. "small": a claim of one row of 40 000, with no pause and with a
+// pause of a name no row has. One op is one claim; its rows are released
+// between ops, untimed.
+//
+//	go test -run XXX -bench ClaimPastPausedNames -benchtime 5x ./driver/pgxdriver/
+func BenchmarkClaimPastPausedNames(b *testing.B) {
+	ctx := context.Background()
+	setup := func(b *testing.B, paused, rest int, pause string) (*Coordinator, uuid.UUID) {
+		c := newTestCoordinator(b, false, nil, 0)
+		inst := uuid.New()
+		register(b, c, inst)
+		for i := 0; i < paused+rest; i += 5000 {
+			items := make([]driver.NewWork, min(5000, paused+rest-i))
+			for j := range items {
+				name := "ok"
+				if i+j < paused {
+					name = "held"
+				}
+				items[j] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s-%d", i+j), Name: name}
+			}
+			if _, err := c.Enqueue(ctx, items); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if pause != "" {
+			if _, err := c.PauseWork(ctx, driver.PauseScope{Category: driver.Outbox, Named: true, Name: pause}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return c, inst
+	}
+	run := func(b *testing.B, c *Coordinator, inst uuid.UUID, max, want int) {
+		b.ResetTimer()
+		for range b.N {
+			res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Categories: []driver.Category{driver.Outbox},
+				Lease: time.Minute, MaxPerCategory: max})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(res.Work) != want {
+				b.Fatalf("claimed %d rows, want %d", len(res.Work), want)
+			}
+			b.StopTimer()
+			refs := make([]driver.Ref, len(res.Work))
+			for i, w := range res.Work {
+				refs[i] = w.Ref()
+			}
+			if _, err := c.Release(ctx, inst, refs); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	}
+	for _, n := range []int{10000, 40000, 160000} {
+		b.Run(fmt.Sprintf("cut-%d", n), func(b *testing.B) {
+			c, inst := setup(b, n, 2000, "held")
+			run(b, c, inst, 1000, 1000)
+		})
+	}
+	for _, pause := range []string{"", "absent"} {
+		b.Run(fmt.Sprintf("small/pause=%q", pause), func(b *testing.B) {
+			c, inst := setup(b, 0, 40000, pause)
+			run(b, c, inst, 1, 1)
+		})
+	}
+}
