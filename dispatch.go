@@ -440,13 +440,24 @@ func (d *dispatcher) runOne(w driver.Work, h *loops.LeaseHandle, claim uint64) e
 	p := d.p
 	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w, Coordinator: p.coord}
 	ctx := driver.WithDelivery(h.Context(), del)
+	hctx, finish := p.opts.wrapHandlerContext(ctx, w)
+	hooks := &p.opts.Hooks
 	start := time.Now()
+	if hooks.HandlerStarted != nil {
+		hooks.HandlerStarted(HandlerEvent{Work: w, InstanceID: p.opts.ID, Started: start})
+	}
 	h.Begin()
 	var err error
 	if handler := p.handlers.lookup(w.Category, w.Name); handler == nil {
 		err = fmt.Errorf("workpump: no handler for %s %q (register one with Pump.Handle, or a catch-all with name \"\")", w.Category, w.Name)
 	} else {
-		err = safeCall(handler, ctx, w)
+		err = safeCall(handler, hctx, w)
+	}
+	if hooks.HandlerFinished != nil {
+		hooks.HandlerFinished(HandlerEvent{Work: w, InstanceID: p.opts.ID, Started: start, Duration: time.Since(start), Err: err})
+	}
+	if finish != nil {
+		finish(err)
 	}
 	if h.Overran() {
 		p.log.Warn("overrunning handler returned", "category", w.Category, "id", w.ID, "name", w.Name,

@@ -94,37 +94,72 @@ type Options struct {
 	Logger hclog.Logger
 	// Hooks observe the pump, e.g. for metrics. Nil hooks are skipped.
 	Hooks Hooks
+
+	// HandlerContext, when set, wraps every handler call the dispatcher
+	// makes: it gives the handler its context (e.g. with a span continuing
+	// the trace the item's metadata carries) and learns the handler's
+	// error when it returns. See HandlerContextFunc. Pump.RunNext does not
+	// call it.
+	HandlerContext HandlerContextFunc
+	// EnqueueMetadata, when set, rewrites each item's Metadata in
+	// Pump.Enqueue (e.g. to carry the caller's trace context to the
+	// handler). A driver's EnqueueTx does not pass through the pump: call
+	// the same function on the items before it. See EnqueueMetadataFunc.
+	EnqueueMetadata EnqueueMetadataFunc
 }
 
-// Hooks are called synchronously from the pump's goroutines; keep them fast.
+// Hooks are called synchronously from the pump's goroutines, each hook's
+// from the goroutine named with it; keep them fast and never block in
+// them: a blocked hook stalls that goroutine's work (claims, handler
+// calls or acks) for as long as it blocks.
 type Hooks struct {
-	// BatchClaimed: a claim returned n items.
+	// BatchClaimed: a claim returned n items. Called on the claim loop's
+	// goroutine.
 	BatchClaimed func(n int, hasMore bool)
 	// HeartbeatRecorded: a heartbeat was written; evicted lists peers removed
-	// by its stale sweep.
+	// by its stale sweep. Called on the heartbeat loop's goroutine.
 	HeartbeatRecorded func(evicted []uuid.UUID)
-	// Completed: an item's completion was stored.
+	// Completed: an item's completion was stored. Called on the
+	// completion flusher's goroutine.
 	Completed func(ref Ref)
 	// Failed: an item's failure was stored. err is the handler's error as
 	// it returned it (errors.Is and errors.As see its chain; Snooze's is a
 	// *SnoozeError, Permanent's a *PermanentError); deadLettered says
-	// whether the item is a dead letter now.
+	// whether the item is a dead letter now. Called on the failure
+	// flusher's goroutine.
 	Failed func(ref Ref, err error, deadLettered bool)
 	// LeaseLost: the store refused an ack or renewal because another instance
-	// holds the item now.
+	// holds the item now. Called on the flusher's goroutine whose ack was
+	// refused, or the lease renewal loop's (whose Ref has no Attempts).
 	LeaseLost func(ref Ref)
-	// GateChanged: the signal listener went up or down.
+	// GateChanged: the signal listener went up or down. Called on the claim
+	// loop's goroutine, for transitions only (Pump.SignalGate tells the
+	// state at any time).
 	GateChanged func(available bool)
 	// Evicted: a heartbeat found this instance evicted by its peers (they
 	// took it for dead, e.g. while it could not reach the store) and
 	// registered it anew; cancelled counts the handlers whose contexts were
-	// cancelled because their rows were released to the peers.
+	// cancelled because their rows were released to the peers. Called on
+	// the heartbeat loop's goroutine.
 	Evicted func(cancelled int)
 	// Overrun: a handler was still running LeaseGrace after its context
 	// ended for its lease (deadline or lease lost), so the store may hand
 	// its row to another attempt while it runs. Called once per attempt,
 	// from a timer goroutine.
 	Overrun func(OverrunEvent)
+	// HandlerStarted: a handler is about to be called, HandlerContext
+	// having wrapped the call already. Called on the dispatcher goroutine
+	// that runs the handler.
+	HandlerStarted func(HandlerEvent)
+	// HandlerFinished: a handler returned (or panicked), with its duration
+	// and its error as returned, before the outcome is queued for the
+	// store. Called on the dispatcher goroutine that ran the handler, once
+	// for every HandlerStarted.
+	HandlerFinished func(HandlerEvent)
+	// ClaimFinished: a claim round trip ended, empty, failed or not.
+	// Called on the claim loop's goroutine, before the batch is handed to
+	// the dispatcher.
+	ClaimFinished func(ClaimEvent)
 }
 
 // OverrunEvent describes a handler running past its lease. Until it

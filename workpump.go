@@ -116,7 +116,12 @@ func (p *Pump) Handle(c Category, name string, h Handler) error {
 
 // Enqueue stores items outside any transaction of the caller. To enqueue
 // inside a business transaction, use the driver's EnqueueTx.
+// Options.EnqueueMetadata, when set, rewrites each item's metadata on the
+// way; the caller's items are left as they were.
 func (p *Pump) Enqueue(ctx context.Context, items ...NewWork) ([]uuid.UUID, error) {
+	if f := p.opts.EnqueueMetadata; f != nil {
+		items = withMetadata(ctx, items, f)
+	}
 	return p.coord.Enqueue(ctx, items)
 }
 
@@ -276,6 +281,9 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 			OnPoll: func(e loops.PollEvent) {
 				if e.Items > 0 && o.Hooks.BatchClaimed != nil {
 					o.Hooks.BatchClaimed(e.Items, e.HasMore)
+				}
+				if o.Hooks.ClaimFinished != nil {
+					o.Hooks.ClaimFinished(ClaimEvent{Items: e.Items, HasMore: e.HasMore, Duration: time.Since(e.Start), Err: e.Err})
 				}
 			},
 			OnGateChange: func(up bool) {
