@@ -447,11 +447,13 @@ func TestWorkUntilIdle_FailsListingWhatIsLeft(t *testing.T) {
 func TestNewPump_StopsAtCleanup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := &recorder{}
+		t.Cleanup(r.runCleanups) // should this test fail before it runs them
 		env := workpumptest.NewPump(r, workpump.Options{})
 		_ = env.Pump.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil })
 		if err := env.Pump.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+		synctest.Wait() // the first heartbeat has registered the instance
 		st, _ := env.Store.Stats(context.Background())
 		if len(st.Instances) != 1 {
 			t.Fatalf("instances %d, want the started pump", len(st.Instances))
