@@ -58,6 +58,11 @@ type Pump struct {
 	completeRefs []driver.Ref
 
 	stats pumpCounters
+
+	// parts is published when Start succeeds; stopping is set when Stop
+	// begins. Stats and Health read them, never the mutex.
+	parts    atomic.Pointer[pumpParts]
+	stopping atomic.Bool
 }
 
 type pumpCounters struct {
@@ -157,6 +162,7 @@ func (p *Pump) Start(ctx context.Context) error {
 		return err
 	}
 	p.started = true
+	p.parts.Store(&pumpParts{sub: p.sub, hb: p.hb, claim: p.claim, renew: p.renew, maint: p.maint, disp: p.disp})
 	p.log.Info("pump started", "instance", p.opts.ID, "categories", cats, "concurrency", p.opts.Concurrency, "signals", p.sub != nil)
 	return nil
 }
@@ -357,6 +363,7 @@ func (p *Pump) Stop(ctx context.Context) error {
 		return nil
 	}
 	p.stopped = true
+	p.stopping.Store(true)
 	if !p.started {
 		return nil
 	}
@@ -438,7 +445,8 @@ func (p *Pump) overrun(o loops.Overrun) {
 	}
 }
 
-// Stats returns a snapshot of the pump's counters.
+// Stats returns a snapshot of the pump's counters. It never blocks, also
+// while Start or Stop runs.
 func (p *Pump) Stats() Stats {
 	s := Stats{
 		Completed:     p.stats.completed.Load(),
@@ -453,19 +461,12 @@ func (p *Pump) Stats() Stats {
 		Overruns:      p.stats.overruns.Load(),
 		Abandoned:     p.stats.abandoned.Load(),
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.disp != nil {
-		s.InFlight = int(p.disp.inflight.Load())
-	}
-	if p.claim != nil {
-		s.Claim = p.claim.Stats()
-	}
-	if p.hb != nil {
-		s.Heartbeat = p.hb.Stats()
-	}
-	if p.renew != nil {
-		s.Renewal = p.renew.Stats()
+	// The parts, not the mutex: Stop holds it while handlers drain.
+	if parts := p.parts.Load(); parts != nil {
+		s.InFlight = int(parts.disp.inflight.Load())
+		s.Claim = parts.claim.Stats()
+		s.Heartbeat = parts.hb.Stats()
+		s.Renewal = parts.renew.Stats()
 	}
 	return s
 }

@@ -145,6 +145,10 @@ type ClaimWorker struct {
 	logger    hclog.Logger
 	hooks     ClaimHooks
 	life      lifecycle
+	// schemaOK: the schema was found ready (SchemaReady); schemaErr: the
+	// last failed check's error until then.
+	schemaOK  atomic.Bool
+	schemaErr atomic.Pointer[error]
 
 	wake    chan struct{}
 	signals <-chan driver.Signal // owned by the loop
@@ -236,6 +240,21 @@ func (w *ClaimWorker) Start(ctx context.Context) error {
 // Stop ends the loop (an in-flight claim or sink call sees its context
 // cancelled) and waits for it, or for ctx. Idempotent.
 func (w *ClaimWorker) Stop(ctx context.Context) error { return w.life.stop(ctx) }
+
+// Alive reports whether the loop runs: started, not stopped, not returned.
+func (w *ClaimWorker) Alive() bool { return w.life.alive() }
+
+// SchemaReady reports whether the loop found the store's schema ready (it
+// claims nothing before), and the last schema check's error while not.
+func (w *ClaimWorker) SchemaReady() (bool, error) {
+	if w.schemaOK.Load() {
+		return true, nil
+	}
+	if e := w.schemaErr.Load(); e != nil {
+		return false, *e
+	}
+	return false, nil
+}
 
 // RequestImmediatePoll ends the current wait at once, whatever the backoff
 // depth. Calls that arrive before the next claim starts collapse into it.
@@ -435,13 +454,16 @@ func (w *ClaimWorker) waitWake(ctx context.Context) bool {
 // backoff; false when ctx ended.
 func (w *ClaimWorker) awaitSchema(ctx context.Context) bool {
 	if w.schema == nil {
+		w.schemaOK.Store(true)
 		return true
 	}
 	for attempt := 1; ; attempt++ {
 		err := w.schema.CheckSchema(ctx)
 		if err == nil {
+			w.schemaOK.Store(true)
 			return true
 		}
+		w.schemaErr.Store(&err)
 		if ctx.Err() != nil {
 			return false
 		}
@@ -466,7 +488,9 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		w.gateUp = w.sub.Available()
 		w.downSince = time.Now()
 	}
-	if !schemaChecked && !w.awaitSchema(ctx) {
+	if schemaChecked {
+		w.schemaOK.Store(true)
+	} else if !w.awaitSchema(ctx) {
 		return
 	}
 	registered := false

@@ -129,10 +129,17 @@ type HeartbeatWorker struct {
 	vouched bool // the last successful beat reported the lock held
 	// registered: a beat succeeded, so the store should have our row.
 	registered bool
-	beats      atomic.Uint64
-	failures   atomic.Uint64
-	evicted    atomic.Uint64
-	reregs     atomic.Uint64
+	// lastSuccess (unix ns of the start of the last successful beat, 0
+	// for none), lastErr (the last beat's error, nil after a success) and
+	// lockVouched mirror the state above for Health, which must not wait
+	// behind a beat in flight.
+	lastSuccess atomic.Int64
+	lastErr     atomic.Pointer[error]
+	lockVouched atomic.Bool
+	beats       atomic.Uint64
+	failures    atomic.Uint64
+	evicted     atomic.Uint64
+	reregs      atomic.Uint64
 }
 
 // NewHeartbeatWorker applies defaults, validates cfg and returns a stopped
@@ -202,7 +209,11 @@ func (w *HeartbeatWorker) Beat(ctx context.Context) error {
 	w.beats.Add(1)
 	if err != nil {
 		w.failures.Add(1)
+		w.lastErr.Store(&err)
 	} else {
+		w.lastSuccess.Store(start.UnixNano())
+		w.lastErr.Store(nil)
+		w.lockVouched.Store(req.AliveLockHeld)
 		w.vouched = req.AliveLockHeld
 		w.registered = true
 		w.evicted.Add(uint64(len(res.Evicted)))
@@ -244,6 +255,33 @@ func (w *HeartbeatWorker) Recheck() {
 	case w.recheck <- struct{}{}:
 	default:
 	}
+}
+
+// HeartbeatHealth is what the heartbeat loop knows of its own health.
+type HeartbeatHealth struct {
+	Disabled    bool      // Options.Disabled: no beats are written
+	Alive       bool      // the loop runs (always true when Disabled and started)
+	LastSuccess time.Time // start of the last successful beat; zero for none
+	LastErr     error     // the last beat's error; nil when it succeeded
+	// Cadence is the interval in force: SlowInterval while the last
+	// successful beat vouched for the alive-lock, else Interval.
+	Cadence    time.Duration
+	StaleAfter time.Duration
+}
+
+// Health reports the loop's health. It never waits for a beat in flight.
+func (w *HeartbeatWorker) Health() HeartbeatHealth {
+	h := HeartbeatHealth{Disabled: w.opts.Disabled, Alive: w.life.alive(), Cadence: w.opts.Interval, StaleAfter: w.opts.StaleAfter}
+	if ns := w.lastSuccess.Load(); ns != 0 {
+		h.LastSuccess = time.Unix(0, ns)
+	}
+	if e := w.lastErr.Load(); e != nil {
+		h.LastErr = *e
+	}
+	if w.lockVouched.Load() {
+		h.Cadence = w.opts.SlowInterval
+	}
+	return h
 }
 
 // Stats returns the worker's counters.

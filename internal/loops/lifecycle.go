@@ -80,6 +80,27 @@ func (l *lifecycle) start(ctx context.Context, run func(context.Context)) (bool,
 	return true, nil
 }
 
+// alive reports whether the loop was started, not stopped, and its
+// goroutine (if it has one) has not returned. It holds the mutex only to
+// read the state, never across a wait, so health checks never block.
+func (l *lifecycle) alive() bool {
+	l.mu.Lock()
+	state, done := l.state, l.done
+	l.mu.Unlock()
+	if state != stateRunning {
+		return false
+	}
+	if done == nil {
+		return true
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
 // stop cancels the loop and waits for it, or for ctx. A second stop waits
 // again, so a Stop that timed out can be retried.
 func (l *lifecycle) stop(ctx context.Context) error {

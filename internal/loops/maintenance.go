@@ -251,3 +251,6 @@ func (w *MaintenanceWorker) backstop(ctx context.Context) {
 		}
 	}
 }
+
+// Alive reports whether the loop runs: started, not stopped, not returned.
+func (w *MaintenanceWorker) Alive() bool { return w.life.alive() }

@@ -346,3 +346,6 @@ func (w *LeaseRenewalWorker) renew(ctx context.Context, c driver.Category, ids [
 	}
 	return nil
 }
+
+// Alive reports whether the loop runs: started, not stopped, not returned.
+func (w *LeaseRenewalWorker) Alive() bool { return w.life.alive() }
