@@ -83,6 +83,7 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"migrate", "up", "--database-url", "postgres://x", "--schema", strings.Repeat("s", 64)}, "--schema:"},
 		{[]string{"status"}, "--database-url is required"},
 		{[]string{"status", "--database-url", "postgres://x", "--schema", `x"y`}, "--schema:"},
+		{[]string{"status", "--database-url", "postgres://x", "--watch", "--interval", "1ms"}, "--interval 1ms: want at least 100ms"},
 		{[]string{"bench", "--mode", "sprint"}, `--mode: "sprint", want burndown, continuous, idle or appwrite`},
 		{[]string{"bench", "--mode", "appwrite"}, "--mode appwrite measures Postgres commits; give --database-url"},
 		{[]string{"bench", "--writers", "0"}, "--writers must be > 0"},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -59,15 +60,20 @@ type statusBacklog struct {
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status", "status --database-url URL [--schema S] [--json]", stderr)
+	fs := newFlagSet("status", "status --database-url URL [--schema S] [--json] [--watch [--interval D]]", stderr)
 	db := databaseURLFlag(fs)
 	schema := fs.String("schema", migrations.DefaultSchema, "schema holding the workpump tables")
-	asJSON := fs.Bool("json", false, "print one JSON object")
+	asJSON := fs.Bool("json", false, "print one JSON object (with --watch: one per line per refresh)")
+	watch := fs.Bool("watch", false, "refresh until interrupted: in place on a terminal, one report after another otherwise")
+	interval := fs.Duration("interval", 2*time.Second, "refresh interval of --watch")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := checkSchemaFlag(*schema); err != nil {
 		return err
+	}
+	if *interval < 100*time.Millisecond {
+		return usagef("status: --interval %s: want at least 100ms", *interval)
 	}
 	pool, err := openPool(ctx, *db, 2)
 	if err != nil {
@@ -85,19 +91,37 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := coord.CheckVersion(ctx); err != nil {
 		return err
 	}
-	partitions, recorded, err := coord.RecordedPartitionCount(ctx)
+	report := func(ctx context.Context) (statusReport, error) { return readStatus(ctx, coord, *schema) }
+	if *watch {
+		return watchStatus(ctx, stdout, *interval, *asJSON, !*asJSON && isTerminal(stdout), report)
+	}
+	rep, err := report(ctx)
 	if err != nil {
 		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		return enc.Encode(rep)
+	}
+	printStatus(stdout, rep)
+	return nil
+}
+
+// readStatus reads one report through the driver's Inspector.
+func readStatus(ctx context.Context, coord *pgxdriver.Coordinator, schema string) (statusReport, error) {
+	partitions, recorded, err := coord.RecordedPartitionCount(ctx)
+	if err != nil {
+		return statusReport{}, err
 	}
 	st, err := coord.Stats(ctx)
 	if err != nil {
-		return err
+		return statusReport{}, err
 	}
 	paused, err := coord.ListPaused(ctx)
 	if err != nil {
-		return err
+		return statusReport{}, err
 	}
-	rep := buildStatus(*schema, st)
+	rep := buildStatus(schema, st)
 	for _, p := range paused {
 		sp := statusPause{Category: string(p.Category), Since: p.Since}
 		if p.Named {
@@ -108,14 +132,53 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if recorded {
 		rep.PartitionCount = &partitions
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		return enc.Encode(rep)
-	}
-	printStatus(stdout, rep)
-	return nil
+	return rep, nil
 }
 
+// clearScreen moves the cursor home and clears the terminal, so each
+// refresh of --watch replaces the previous one.
+const clearScreen = "\x1b[H\x1b[2J"
+
+// watchStatus prints a report, then another at every tick, until ctx ends
+// (an interrupt), which is a clean exit. With inPlace (text on a terminal)
+// each report replaces the previous one; otherwise (a pipe, a file,
+// --json) reports follow one another, JSON ones one per line. A failed read is shown and
+// retried at the next tick rather than ending the watch: the database
+// being down for a moment is what a watch is for.
+func watchStatus(ctx context.Context, w io.Writer, every time.Duration, asJSON, inPlace bool,
+	report func(context.Context) (statusReport, error)) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		rep, err := report(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var b bytes.Buffer
+		if inPlace {
+			b.WriteString(clearScreen)
+		}
+		switch {
+		case err != nil:
+			fmt.Fprintf(&b, "status at %s: %v (retrying every %s)\n", time.Now().UTC().Format(time.RFC3339), err, every)
+		case asJSON:
+			if err := json.NewEncoder(&b).Encode(rep); err != nil {
+				return err
+			}
+		default:
+			printStatus(&b, rep)
+			fmt.Fprintf(&b, "\nrefreshing every %s; interrupt to stop\n", every)
+		}
+		if _, err := w.Write(b.Bytes()); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
 func buildStatus(schema string, st driver.Stats) statusReport {
 	rep := statusReport{Schema: schema, Now: st.Now, Backlog: map[string]statusBacklog{}, DeadLetters: st.DeadLetters, Instances: []statusInstance{}, Paused: []statusPause{}}
 	for _, in := range st.Instances {
