@@ -1,0 +1,185 @@
+package otelworkpump
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/workpump/workpump"
+	"github.com/workpump/workpump/driver"
+)
+
+// HandlerContext is the workpump.HandlerContextFunc Instrument installs: it
+// starts the handler call's span, continuing (Parent) or linking to (Link)
+// the trace context in the item's metadata, and ends it with the handler's
+// error recorded. A snooze is not recorded as an error: the item runs
+// again as asked.
+func (t *Telemetry) HandlerContext(ctx context.Context, w workpump.Work) (context.Context, func(error)) {
+	remote := t.prop.Extract(ctx, metadataCarrier(decodeMetadata(w.Metadata)))
+	attrs := trace.WithAttributes(
+		AttrCategory.String(string(w.Category)),
+		AttrName.String(w.Name),
+		AttrStream.String(w.StreamID),
+		AttrAttempt.Int(w.Attempts),
+		AttrItemID.String(w.ID.String()),
+		AttrMessageType.String(w.MessageType),
+	)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), attrs}
+	if d := workpump.DeliveryFrom(ctx); d != nil {
+		opts = append(opts, trace.WithAttributes(AttrInstance.String(d.InstanceID.String())))
+	}
+	start := remote
+	if t.o.SpanRelation == Link {
+		if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		}
+		// The baggage and other values the propagator extracted stay; only
+		// the span parent goes.
+		opts = append(opts, trace.WithNewRoot())
+	}
+	ctx, span := t.tracer.Start(start, SpanName(w), opts...)
+	return ctx, func(err error) {
+		if err != nil {
+			var snooze *workpump.SnoozeError
+			if errors.As(err, &snooze) {
+				span.SetAttributes(AttrOutcome.String("snooze"))
+			} else {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, err.Error())
+				span.SetAttributes(AttrOutcome.String(outcomeOf(err)))
+			}
+		} else {
+			span.SetAttributes(AttrOutcome.String("success"))
+		}
+		span.End()
+	}
+}
+
+// SpanName is the name of a handler call's span: "process", the category
+// and the name, in the messaging conventions' "{operation} {destination}"
+// form.
+func SpanName(w workpump.Work) string {
+	if w.Name == "" {
+		return "process " + string(w.Category)
+	}
+	return "process " + string(w.Category) + " " + w.Name
+}
+
+// EnqueueMetadata is the workpump.EnqueueMetadataFunc Instrument installs:
+// when ctx carries a valid span it returns md with the propagator's fields
+// added, else md as it is. Metadata that is not a JSON object is returned
+// unchanged for Enqueue to refuse.
+func (t *Telemetry) EnqueueMetadata(ctx context.Context, md json.RawMessage) json.RawMessage {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return md
+	}
+	out, err := injectInto(ctx, t.prop, md)
+	if err != nil {
+		return md
+	}
+	return out
+}
+
+// Inject adds ctx's trace context to the metadata of items, in place, for
+// items written with a driver's EnqueueTx (Pump.Enqueue does it by itself
+// once instrumented). Without a valid span in ctx it changes nothing. An
+// item whose metadata is not a JSON object fails it, naming the item, and
+// no item is changed.
+func (t *Telemetry) Inject(ctx context.Context, items []workpump.NewWork) error {
+	return inject(ctx, t.prop, items)
+}
+
+// InjectMetadata returns md (a JSON object, or empty) with ctx's W3C trace
+// context added (traceparent and tracestate), for code that builds
+// driver.NewWork without a Telemetry at hand. Without a valid span in ctx
+// it returns md as it is.
+func InjectMetadata(ctx context.Context, md json.RawMessage) (json.RawMessage, error) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return md, nil
+	}
+	return injectInto(ctx, propagation.TraceContext{}, md)
+}
+
+func inject(ctx context.Context, prop propagation.TextMapPropagator, items []workpump.NewWork) error {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil
+	}
+	out := make([]json.RawMessage, len(items))
+	for i, it := range items {
+		md, err := injectInto(ctx, prop, it.Metadata)
+		if err != nil {
+			return fmt.Errorf("otelworkpump: Inject: items[%d].Metadata: %w", i, err)
+		}
+		out[i] = md
+	}
+	for i := range items {
+		items[i].Metadata = out[i]
+	}
+	return nil
+}
+
+// injectInto writes the propagator's fields at the top level of the JSON
+// object md, replacing fields of those names; other fields keep their
+// bytes.
+func injectInto(ctx context.Context, prop propagation.TextMapPropagator, md json.RawMessage) (json.RawMessage, error) {
+	if err := driver.ValidateMetadata(md); err != nil {
+		return nil, fmt.Errorf("%w: %v", driver.ErrInvalidArgument, err)
+	}
+	fields := map[string]json.RawMessage{}
+	if len(md) > 0 {
+		if err := json.Unmarshal(md, &fields); err != nil {
+			return nil, fmt.Errorf("%w: %v", driver.ErrInvalidArgument, err)
+		}
+	}
+	c := propagation.MapCarrier{}
+	prop.Inject(ctx, c)
+	if len(c) == 0 {
+		return md, nil
+	}
+	for k, v := range c {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		fields[k] = b
+	}
+	return json.Marshal(fields)
+}
+
+// decodeMetadata reads the string fields of an item's metadata; anything
+// else in it is the application's and ignored.
+func decodeMetadata(md json.RawMessage) map[string]string {
+	if len(md) == 0 {
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(md, &fields) != nil {
+		return nil
+	}
+	out := make(map[string]string, len(fields))
+	for k, v := range fields {
+		var s string
+		if len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil {
+			out[k] = s
+		}
+	}
+	return out
+}
+
+// metadataCarrier is a read-only TextMapCarrier over decoded metadata.
+type metadataCarrier map[string]string
+
+func (m metadataCarrier) Get(key string) string { return m[key] }
+func (m metadataCarrier) Set(string, string)    {}
+func (m metadataCarrier) Keys() []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	return keys
+}
