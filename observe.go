@@ -104,13 +104,13 @@ func (o *Options) wrapHandlerContext(ctx context.Context, w Work) (context.Conte
 // is false when the store has no listener or it could not start (the pump
 // polls only); otherwise available says whether it is connected now.
 // Hooks.GateChanged reports the transitions; this is the state at any
-// moment, e.g. for a gauge read after a change was missed.
+// moment, e.g. for a gauge read after a change was missed. Like Stats, it
+// never waits for Start or Stop: a metrics collection must not stall for
+// a whole shutdown.
 func (p *Pump) SignalGate() (available, listening bool) {
-	p.mu.Lock()
-	sub := p.sub
-	p.mu.Unlock()
-	if sub == nil {
+	parts := p.parts.Load()
+	if parts == nil || parts.sub == nil {
 		return false, false
 	}
-	return sub.Available(), true
+	return parts.sub.Available(), true
 }
