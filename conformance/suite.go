@@ -104,6 +104,8 @@ func allCases() []testCase {
 		deadLetterCases(),
 		outcomeCases(),
 		cancelCases(),
+		txCompleteCases(),
+		listWorkCases(),
 		pauseCases(),
 		concurrencyCases(),
 		raceCases(),

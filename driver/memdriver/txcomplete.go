@@ -93,6 +93,9 @@ func (s *Store) CompleteDeliveryInTx(ctx context.Context, fn func(ctx context.Co
 	if err != nil {
 		return err
 	}
+	if err := validateDelivery(d); err != nil {
+		return err
+	}
 	if fn == nil {
 		return fmt.Errorf("%w: fn: nil", driver.ErrInvalidArgument)
 	}
@@ -117,6 +120,20 @@ func (s *Store) CompleteDeliveryInTx(ctx context.Context, fn func(ctx context.Co
 	d.MarkSettled()
 	for _, f := range commits {
 		f()
+	}
+	return nil
+}
+
+// validateDelivery refuses a malformed delivery before fn runs, with
+// pgcore's text: bad input must not run the caller's callback (whose
+// writes outside the transaction would stay), and is bad input on every
+// driver, not a lost lease (which the lease check would report).
+func validateDelivery(d *driver.Delivery) error {
+	if d.InstanceID == uuid.Nil {
+		return fmt.Errorf("%w: Delivery.InstanceID: nil UUID", driver.ErrInvalidArgument)
+	}
+	if err := driver.ValidateRefs([]driver.Ref{d.Work.Ref()}); err != nil {
+		return fmt.Errorf("Delivery.Work: %w", err)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/workpump/workpump/driver"
 )
 
@@ -40,7 +41,11 @@ func (c *Core) CompleteDeliveryInTx(ctx context.Context, fn func(ctx context.Con
 // the transaction (CompleteDeliveryOn) and commits. It rolls back when fn
 // fails or panics (the panic goes on) and when the completion is refused.
 func (c *Core) RunDeliveryTx(ctx context.Context, begin func(context.Context) (Tx, context.Context, error), fn func(ctx context.Context) error) (err error) {
-	if _, err := driver.DeliveryFromTx(ctx); err != nil {
+	d, err := driver.DeliveryFromTx(ctx)
+	if err != nil {
+		return err
+	}
+	if err := validateDelivery(d); err != nil {
 		return err
 	}
 	if fn == nil {
@@ -72,5 +77,19 @@ func (c *Core) RunDeliveryTx(ctx context.Context, begin func(context.Context) (T
 		return c.mapError("CompleteDeliveryInTx", err)
 	}
 	committed = true
+	return nil
+}
+
+// validateDelivery refuses a malformed delivery before anything begins,
+// with memdriver's text: bad input must not run the caller's callback
+// (whose writes outside the transaction would stay), and the completion
+// would refuse it only after fn ran.
+func validateDelivery(d *driver.Delivery) error {
+	if d.InstanceID == uuid.Nil {
+		return fmt.Errorf("%w: Delivery.InstanceID: nil UUID", driver.ErrInvalidArgument)
+	}
+	if err := driver.ValidateRefs([]driver.Ref{d.Work.Ref()}); err != nil {
+		return fmt.Errorf("Delivery.Work: %w", err)
+	}
 	return nil
 }
