@@ -438,27 +438,8 @@ func (d *dispatcher) execute(s *slot, r run) {
 // outcome. It returns the handler's error.
 func (d *dispatcher) runOne(w driver.Work, h *loops.LeaseHandle, claim uint64) error {
 	p := d.p
-	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w, Coordinator: p.coord}
-	ctx := driver.WithDelivery(h.Context(), del)
-	hctx, finish := p.opts.wrapHandlerContext(ctx, w)
-	hooks := &p.opts.Hooks
-	start := time.Now()
-	if hooks.HandlerStarted != nil {
-		hooks.HandlerStarted(HandlerEvent{Work: w, InstanceID: p.opts.ID, Started: start})
-	}
-	h.Begin()
-	var err error
-	if handler := p.handlers.lookup(w.Category, w.Name); handler == nil {
-		err = fmt.Errorf("workpump: no handler for %s %q (register one with Pump.Handle, or a catch-all with name \"\")", w.Category, w.Name)
-	} else {
-		err = safeCall(handler, hctx, w)
-	}
-	if hooks.HandlerFinished != nil {
-		hooks.HandlerFinished(HandlerEvent{Work: w, InstanceID: p.opts.ID, Started: start, Duration: time.Since(start), Err: err})
-	}
-	if finish != nil {
-		finish(err)
-	}
+	ctx := h.Context()
+	del, start, err := p.callHandler(ctx, w, h.Begin)
 	if h.Overran() {
 		p.log.Warn("overrunning handler returned", "category", w.Category, "id", w.ID, "name", w.Name,
 			"stream", w.StreamID, "attempt", w.Attempts, "ran", time.Since(start).String(), "error", err)

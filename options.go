@@ -95,11 +95,11 @@ type Options struct {
 	// Hooks observe the pump, e.g. for metrics. Nil hooks are skipped.
 	Hooks Hooks
 
-	// HandlerContext, when set, wraps every handler call the dispatcher
-	// makes: it gives the handler its context (e.g. with a span continuing
-	// the trace the item's metadata carries) and learns the handler's
-	// error when it returns. See HandlerContextFunc. Pump.RunNext does not
-	// call it.
+	// HandlerContext, when set, wraps every handler call (the
+	// dispatcher's and Pump.RunNext's): it gives the handler its context
+	// (e.g. with a span continuing the trace the item's metadata carries)
+	// and learns the handler's error when it returns. See
+	// HandlerContextFunc.
 	HandlerContext HandlerContextFunc
 	// EnqueueMetadata, when set, rewrites each item's Metadata in
 	// Pump.Enqueue (e.g. to carry the caller's trace context to the

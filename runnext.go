@@ -3,6 +3,7 @@ package workpump
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -73,11 +74,17 @@ type Outcome struct {
 // The next item is the first the store hands out when claiming one item
 // of each category in driver.Categories order: streams keep their order.
 // The pump registers its instance for the call and deregisters it after,
-// so a pump that is never started leaves no instance behind. The handler's
-// context carries its Delivery (CompleteInTx works) and is not renewed:
-// a handler must return within Claim.Lease. Hooks are not called. It
-// fails on a started (not yet stopped) pump, whose claim loop runs the
-// items, and after Stop.
+// so a pump that is never started leaves no instance behind. The
+// handler is called as the dispatcher calls it: its context carries its
+// Delivery (CompleteInTx works) and is wrapped by Options.HandlerContext,
+// and Hooks.HandlerStarted and HandlerFinished bracket the call; the
+// outcome is reported to Hooks.Completed, Failed or LeaseLost as the
+// pump's flushers report it, so metrics and traces see a test's items as
+// a started pump's. All of them run on the calling goroutine. Its context is not
+// renewed: a handler must return within Claim.Lease. The claim hooks
+// (BatchClaimed, ClaimFinished) are not called: RunNext's one-item claims
+// are no claim loop's. It fails on a started (not yet stopped) pump,
+// whose claim loop runs the items, and after Stop.
 func (p *Pump) RunNext(ctx context.Context) (out Outcome, ok bool, err error) {
 	p.mu.Lock()
 	started, stopped := p.started, p.stopped
@@ -124,6 +131,40 @@ func (p *Pump) RunNext(ctx context.Context) (out Outcome, ok bool, err error) {
 	return out, true, err
 }
 
+// callHandler calls w's handler as every handler call is made, by the
+// dispatcher and by RunNext alike, so both give handlers the same context
+// and observers the same events: ctx gets w's Delivery, Options.
+// HandlerContext wraps it, and Hooks.HandlerStarted and HandlerFinished
+// bracket the call, with HandlerContext's finish after them. begin, when
+// set, runs between HandlerStarted and the handler (the dispatcher starts
+// the lease's overrun clock there). It returns the delivery, which the
+// handler may have settled, when the handler was called, and its error.
+func (p *Pump) callHandler(ctx context.Context, w driver.Work, begin func()) (*driver.Delivery, time.Time, error) {
+	del := &driver.Delivery{InstanceID: p.opts.ID, Work: w, Coordinator: p.coord}
+	hctx, finish := p.opts.wrapHandlerContext(driver.WithDelivery(ctx, del), w)
+	hooks := &p.opts.Hooks
+	start := time.Now()
+	if hooks.HandlerStarted != nil {
+		hooks.HandlerStarted(HandlerEvent{Work: w, InstanceID: p.opts.ID, Started: start})
+	}
+	if begin != nil {
+		begin()
+	}
+	var err error
+	if handler := p.handlers.lookup(w.Category, w.Name); handler == nil {
+		err = fmt.Errorf("workpump: no handler for %s %q (register one with Pump.Handle, or a catch-all with name \"\")", w.Category, w.Name)
+	} else {
+		err = safeCall(handler, hctx, w)
+	}
+	if hooks.HandlerFinished != nil {
+		hooks.HandlerFinished(HandlerEvent{Work: w, InstanceID: p.opts.ID, Started: start, Duration: time.Since(start), Err: err})
+	}
+	if finish != nil {
+		finish(err)
+	}
+	return del, start, err
+}
+
 // runClaimed runs w, leased to the pump's instance, and records its outcome.
 func (p *Pump) runClaimed(ctx context.Context, w driver.Work) (Outcome, error) {
 	out := Outcome{Work: w}
@@ -134,13 +175,11 @@ func (p *Pump) runClaimed(ctx context.Context, w driver.Work) (Outcome, error) {
 		out.Err = herr
 		herr = Permanent(herr)
 	} else {
-		del := &driver.Delivery{InstanceID: p.opts.ID, Work: w, Coordinator: p.coord}
-		hctx, cancel := context.WithCancelCause(driver.WithDelivery(ctx, del))
-		if handler := p.handlers.lookup(w.Category, w.Name); handler == nil {
-			herr = fmt.Errorf("workpump: no handler for %s %q (register one with Pump.Handle, or a catch-all with name \"\")", w.Category, w.Name)
-		} else {
-			herr = safeCall(handler, hctx, w)
-		}
+		// The handler's context ends when it returns, as the dispatcher's
+		// lease context does, so nothing it started outlives the item.
+		hctx, cancel := context.WithCancelCause(ctx)
+		var del *driver.Delivery
+		del, _, herr = p.callHandler(hctx, w, nil)
 		cancel(nil)
 		out.Err = herr
 		settled = del.Settled()
@@ -156,11 +195,14 @@ func (p *Pump) runClaimed(ctx context.Context, w driver.Work) (Outcome, error) {
 			return out, opErr("RunNext", err)
 		}
 		if res.Applied != 1 {
-			p.stats.leaseLost.Add(1)
+			p.noteLost([]driver.Ref{w.Ref()}, "completion")
 			out.Kind = LeaseLost
 			return out, nil
 		}
 		p.stats.completed.Add(1)
+		if h := p.opts.Hooks.Completed; h != nil {
+			h(w.Ref())
+		}
 		out.Kind = Completed
 		return out, nil
 	}
@@ -174,8 +216,9 @@ func (p *Pump) runClaimed(ctx context.Context, w driver.Work) (Outcome, error) {
 	}
 	switch {
 	case res.Applied != 1:
-		p.stats.leaseLost.Add(1)
+		p.noteLost([]driver.Ref{w.Ref()}, "failure")
 		out.Kind = LeaseLost
+		return out, nil
 	case len(res.DeadLettered) == 1:
 		p.stats.failed.Add(1)
 		p.stats.deadLettered.Add(1)
@@ -186,6 +229,9 @@ func (p *Pump) runClaimed(ctx context.Context, w driver.Work) (Outcome, error) {
 	default:
 		p.stats.failed.Add(1)
 		out.Kind = Retried
+	}
+	if h := p.opts.Hooks.Failed; h != nil {
+		h(w.Ref(), out.Err, out.Kind == DeadLettered)
 	}
 	return out, nil
 }
