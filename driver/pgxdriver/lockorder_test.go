@@ -133,3 +133,148 @@ func TestClaimLocksStreamOwnershipInStreamOrder(t *testing.T) {
 		t.Fatalf("%d streams owned by the claimer, want 2", owned)
 	}
 }
+
+// TestClaimDoesNotWaitForAnOpenEnqueuesNewLockRow: after a purge dropped a
+// stream's lock row, an application transaction that enqueues to it
+// creates the row and holds it until it commits. A claim that needs the
+// same row must skip the stream, not wait: the application's next enqueue
+// in that transaction, to a stream whose lock row the claim holds, would
+// wait for the claim, and the two would deadlock (the application's
+// transaction failing with it).
+func TestClaimDoesNotWaitForAnOpenEnqueuesNewLockRow(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	c := mustNew(t, pool, Options{Schema: schema})
+	inst := uuid.New()
+	register(t, c, inst)
+
+	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("a"), outbox("a")}); err != nil {
+		t.Fatal(err)
+	}
+	// No stream is owned yet, so the purge drops a's lock row; b's is
+	// created after it.
+	if _, err := c.Purge(ctx, driver.PurgeRequest{StreamsExpiredFor: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("b"), outbox("b")}); err != nil {
+		t.Fatal(err)
+	}
+	locks := func() []string {
+		t.Helper()
+		rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT stream_id FROM %s.wp_stream_locks ORDER BY stream_id`, pgx.Identifier{schema}.Sanitize()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := fmt.Sprint(locks()); got != "[b]" {
+		t.Fatalf("lock rows after the purge %s, want [b]", got)
+	}
+
+	app, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Rollback(ctx)
+	if _, err := c.EnqueueTx(ctx, app, []driver.NewWork{outbox("a")}); err != nil {
+		t.Fatal(err)
+	}
+
+	claimCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	res, err := c.ClaimWork(claimCtx, driver.ClaimRequest{InstanceID: inst, Lease: 5 * time.Minute, MaxPerCategory: 10})
+	if claimCtx.Err() != nil {
+		t.Fatal("the claim waited for the lock row an open enqueue created")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streams []string
+	for _, w := range res.Work {
+		streams = append(streams, w.StreamID)
+	}
+	if fmt.Sprint(streams) != "[b b]" {
+		t.Fatalf("claim took streams %v, want b's two rows only (a's lock row is the open enqueue's)", streams)
+	}
+
+	// The application goes on: its enqueue to b no longer meets the claim.
+	if _, err := c.EnqueueTx(ctx, app, []driver.NewWork{outbox("b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(locks()); got != "[a b]" {
+		t.Fatalf("lock rows %s, want [a b]", got)
+	}
+	got := claimAll(t, c, inst)
+	var seqs []int64
+	streams = streams[:0]
+	for _, w := range got {
+		streams = append(streams, w.StreamID)
+		seqs = append(seqs, w.Seq)
+	}
+	if fmt.Sprint(streams) != "[a a a]" {
+		t.Fatalf("second claim took streams %v, want a's three rows (b's third waits behind b's leased rows)", streams)
+	}
+	if seqs[0] >= seqs[1] || seqs[1] >= seqs[2] {
+		t.Fatalf("a's rows out of order: %v", seqs)
+	}
+}
+
+// TestClaimSkipsHeldStreamlessRows: a claim whose candidates are all
+// fresh takes them in one update, but a streamless row has no stream lock
+// to keep others off it; after a rank change another instance may be
+// claiming or completing it, in a transaction that may also wait for a
+// stream this claim holds. The claim must leave a held streamless row out
+// rather than wait for it.
+func TestClaimSkipsHeldStreamlessRows(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	c := mustNew(t, pool, Options{Schema: schema})
+	inst := uuid.New()
+	register(t, c, inst)
+
+	ids, err := c.Enqueue(ctx, []driver.NewWork{outbox(""), outbox("s"), outbox("")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s.wp_outbox WHERE message_id = $1 FOR UPDATE`,
+		pgx.Identifier{schema}.Sanitize()), ids[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	claimCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	res, err := c.ClaimWork(claimCtx, driver.ClaimRequest{InstanceID: inst, Lease: 5 * time.Minute, MaxPerCategory: 10})
+	if claimCtx.Err() != nil {
+		t.Fatal("the claim waited for a streamless row another transaction holds")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uuid.UUID
+	for _, w := range res.Work {
+		got = append(got, w.ID)
+	}
+	if fmt.Sprint(got) != fmt.Sprint([]uuid.UUID{ids[1], ids[2]}) {
+		t.Fatalf("claimed %v, want %v (all but the held row)", got, ids[1:])
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rest := claimAll(t, c, inst); len(rest) != 1 || rest[0].ID != ids[0] {
+		t.Fatalf("after the holder ended the claim took %+v, want the skipped row", rest)
+	}
+}

@@ -1,10 +1,14 @@
--- workpump schema, version 14: claims lock stream ownership in stream
--- order, and a claim past paused names stays linear in the rows it reads.
+-- workpump schema, version 14: a claim does not wait for a lock whose
+-- holder may be waiting for the claim, and a claim past paused names reads
+-- their rows in growing batches.
 --
 -- wp_claim_streams locks the ownership rows of the streams it takes in
--- stream order before it updates them, so a claim and a settle (which
--- lock the same rows in that order) never deadlock. wp_claim_work reads
--- the rows behind paused names in growing batches.
+-- stream order before it updates them, as a settle (every Complete, Fail
+-- and Release) does, and creates missing stream lock rows without waiting
+-- for an open enqueue. The fast path of wp_claim_work locks its streamless
+-- rows first, skipping those someone else holds. The paused-names path
+-- compares each batch with the streams cut so far at a cost linear in the
+-- rows it reads.
 
 -- wp_claim_streams (version 14: it locks ownership rows in stream order)
 -- is step 5 of wp_claim_work: it locks the streams
@@ -31,6 +35,7 @@ DECLARE
     v_locked text[];
     v_exist  text[]; -- locked streams that have an ownership row
     v_owned  text[] := '{}';
+    v_timeout text;  -- the caller's lock_timeout
 BEGIN
         -- Lock the streams (an open enqueue or a concurrent claim of a
         -- stream makes us skip it), then take ownership of those not owned
@@ -43,15 +48,29 @@ BEGIN
              WHERE l.stream_id = ANY (p_streams)
              ORDER BY l.stream_id
                FOR UPDATE SKIP LOCKED);
+        -- The insert must not wait either: a lock row an open enqueue
+        -- created (or a purge is deleting) makes it wait for that
+        -- transaction, and the enqueue's next call in the same transaction
+        -- may wait for a lock row this claim holds. So it runs with the
+        -- shortest lock timeout, and if it would wait, every missing
+        -- stream is skipped this time (the block's insert and setting are
+        -- undone with it).
         IF cardinality(v_locked) < cardinality(p_streams) THEN
-            WITH ins AS (
-                INSERT INTO {{.S}}.wp_stream_locks (stream_id)
-                SELECT s FROM unnest(p_streams) s
-                 WHERE s NOT IN (SELECT unnest(v_locked))
-                 ORDER BY s COLLATE "C"
-                ON CONFLICT (stream_id) DO NOTHING
-                RETURNING stream_id)
-            SELECT v_locked || COALESCE(array_agg(ins.stream_id), '{}') INTO v_locked FROM ins;
+            v_timeout := current_setting('lock_timeout');
+            BEGIN
+                PERFORM set_config('lock_timeout', '1ms', true);
+                WITH ins AS (
+                    INSERT INTO {{.S}}.wp_stream_locks (stream_id)
+                    SELECT s FROM unnest(p_streams) s
+                     WHERE s NOT IN (SELECT unnest(v_locked))
+                     ORDER BY s COLLATE "C"
+                    ON CONFLICT (stream_id) DO NOTHING
+                    RETURNING stream_id)
+                SELECT v_locked || COALESCE(array_agg(ins.stream_id), '{}') INTO v_locked FROM ins;
+                PERFORM set_config('lock_timeout', v_timeout, true);
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;
+            END;
         END IF;
         -- An owner counts as gone only when its instance row is gone on the
         -- statement's own snapshot: the live set read at the start misses a
@@ -114,7 +133,8 @@ BEGIN
 END
 $fn$;
 
--- wp_claim_work (version 14: paused names cost time linear in the rows read) leases claimable rows to p_instance_id and returns them,
+-- wp_claim_work (version 14: batches behind paused names; the fast path skips
+-- held streamless rows) leases claimable rows to p_instance_id and returns them,
 -- grouped by category (outbox, inbox, perspective_event, receptor); within a
 -- category the order is the update's, and the drivers sort by seq. The rules are the driver package's:
 --  * claimable: pending AND (unowned OR lease_expiry < now) AND due;
@@ -438,8 +458,9 @@ BEGIN
         -- reads what the unpaused claim reads. Each later batch is at least
         -- twice the one before and at least as large as the set of cut
         -- streams it is compared with: every batch's work on that set is
-        -- paid for by its own rows, so the claim stays linear in the rows
-        -- it reads however many streams it cuts.
+        -- paid for by its own rows, so that work stays linear in the rows
+        -- read however many streams it cuts. (Each row's order probe still
+        -- reads the earlier waiting rows of its scope, as on every path.)
         v_left := p_max;
         v_batch := p_max;
         v_cutoff := '{}';
@@ -600,10 +621,15 @@ BEGIN
             -- a locked stream (other claimers need the stream lock; acks,
             -- renewals and cleanup touch leased rows only), so no candidate
             -- can drop out and leave a gap: update them directly, without
-            -- the lock step. A fresh streamless row another claimer (after a
-            -- rank change) took meanwhile fails the re-check and is left
-            -- out; it carries no order. The key test (a hashed set: IS TRUE
-            -- keeps it from becoming a join) guards against a reused ctid.
+            -- the lock step. Streamless rows have no stream lock: after a
+            -- rank change another claimer may take one meanwhile, and its
+            -- instance may be completing it, in a transaction that also
+            -- settles streams this claim holds. Waiting for such a row
+            -- could close a cycle, so the streamless candidates are locked
+            -- first, skipping rows someone else holds (the sub-select runs
+            -- once, at the first streamless row); a row left out carries
+            -- no order. The key test (a hashed set: IS TRUE keeps it from
+            -- becoming a join) guards against a reused ctid.
             RETURN QUERY
             UPDATE {{$.S}}.{{.Table}} t
                SET instance_id = p_instance_id, lease_expiry = v_exp,
@@ -613,6 +639,12 @@ BEGIN
                -- (IS TRUE: spelled plainly, this re-check matches the fresh
                -- index's predicate, and the planner walks that whole index.)
                AND (t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL) IS TRUE
+               AND (t.stream_id <> '' OR t.ctid = ANY (ARRAY(
+                        SELECT l.ctid FROM {{$.S}}.{{.Table}} l
+                         WHERE l.ctid = ANY (c_{{.Name}}_tid) AND l.stream_id = ''
+                           AND (l.{{.Key}} IN (SELECT unnest(c_{{.Name}}_id))) IS TRUE
+                           AND (l.{{.Done}} IS NULL AND l.instance_id IS NULL AND l.scheduled_for IS NULL) IS TRUE
+                           FOR UPDATE SKIP LOCKED)))
             RETURNING '{{.Name}}'::text, t.{{.Key}}, t.stream_id, t.partition_number, t.name, t.message_type,
                       t.payload, t.metadata, t.attempts, t.seq, t.scheduled_for, t.created_at, t.lease_expiry,
                       t.claim_count > 1;
