@@ -1,6 +1,7 @@
 package pgcore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -69,6 +70,31 @@ func (c *Core) mapError(op string, err error) error {
 			c.name, op, driver.ErrSchemaNotReady, c.opts.Schema, msg, migrations.HowToMigrate(c.opts.Schema))
 	}
 	return fmt.Errorf("%s: %s: %w", c.name, op, err)
+}
+
+// rolledBackRuns bounds how often a call runs when the database keeps
+// rolling it back (againIfRolledBack).
+const rolledBackRuns = 3
+
+// againIfRolledBack runs f, a call that runs in a transaction of its own,
+// and runs it again (up to rolledBackRuns in all) while it fails because
+// the database rolled that transaction back to break a deadlock (40P01) or
+// a serialization conflict (40001). Such a failure applied nothing, so
+// running the call again is exact; without it a completion batch that lost
+// a deadlock would be dropped and its items run a second time once their
+// leases expired. Calls through the application's transaction are never
+// run again here: the rollback ended that transaction, and only the
+// application can run it again.
+func againIfRolledBack[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	for run := 1; ; run++ {
+		v, err := f()
+		if err == nil || run == rolledBackRuns || ctx.Err() != nil {
+			return v, err
+		}
+		if code, _ := SQLState(err); code != "40P01" && code != "40001" {
+			return v, err
+		}
+	}
 }
 
 // isUndefinedTable reports whether err says the table or schema does not

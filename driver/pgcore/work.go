@@ -77,7 +77,7 @@ func buildEnqueue(items []driver.NewWork, partitionCount int) ([]uuid.UUID, enqu
 // input order (ids of zero-ID items are assigned, UUIDv7). An id already
 // present in its category is skipped but still returned.
 func (c *Core) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUID, error) {
-	return c.enqueue(ctx, c.db, items, true)
+	return againIfRolledBack(ctx, func() ([]uuid.UUID, error) { return c.enqueue(ctx, c.db, items, true) })
 }
 
 // EnqueueOn stores items through q, normally the application's own
@@ -187,6 +187,10 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.C
 	if err := req.Validate(); err != nil {
 		return driver.ClaimResult{}, err
 	}
+	return againIfRolledBack(ctx, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
+}
+
+func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	cats := req.CategoriesOrAll()
 	names := make([]string, len(cats))
 	for i, ct := range cats {
@@ -273,6 +277,10 @@ func (c *Core) RenewLeases(ctx context.Context, req driver.RenewRequest) (driver
 	if err := req.Validate(); err != nil {
 		return driver.RenewResult{}, err
 	}
+	return againIfRolledBack(ctx, func() (driver.RenewResult, error) { return c.renew(ctx, req) })
+}
+
+func (c *Core) renew(ctx context.Context, req driver.RenewRequest) (driver.RenewResult, error) {
 	rows, err := c.db.Query(ctx, c.sql.renew, c.d.uuid(req.InstanceID), string(req.Category), c.arr(c.db, req.IDs),
 		req.Lease.Nanoseconds(), c.nowArg())
 	if err != nil {
@@ -361,10 +369,20 @@ func (c *Core) acked(ctx context.Context, q Querier, op, text string, withDead b
 	return res, nil
 }
 
+// ackedOwn is acked in a transaction of its own, run again when the
+// database rolled it back (againIfRolledBack).
+func (c *Core) ackedOwn(ctx context.Context, op, text string, withDead bool, refs []driver.Ref, args ...any) (driver.AckResult, error) {
+	return againIfRolledBack(ctx, func() (driver.AckResult, error) {
+		return c.acked(ctx, c.db, op, text, withDead, refs, args...)
+	})
+}
+
 // Complete completes handed-out attempts still leased to instanceID (fenced
 // by Ref): rows are deleted, inbox rows kept as processed.
 func (c *Core) Complete(ctx context.Context, instanceID uuid.UUID, refs []driver.Ref) (driver.AckResult, error) {
-	return c.complete(ctx, c.db, c.sql.complete, instanceID, refs)
+	return againIfRolledBack(ctx, func() (driver.AckResult, error) {
+		return c.complete(ctx, c.db, c.sql.complete, instanceID, refs)
+	})
 }
 
 // CompleteOn completes refs through q, normally the application's own
@@ -448,9 +466,9 @@ func (c *Core) Fail(ctx context.Context, req driver.FailRequest) (driver.AckResu
 		// version 10's wp_fail answers too (its new arguments default to
 		// plain failures): a process of this build keeps failing items
 		// while its schema still waits for migrate up.
-		return c.acked(ctx, c.db, "Fail", c.sql.failPlain, true, refs, args...)
+		return c.ackedOwn(ctx, "Fail", c.sql.failPlain, true, refs, args...)
 	}
-	return c.acked(ctx, c.db, "Fail", c.sql.fail, true, refs, append(args, c.arr(c.db, kinds), c.arr(c.db, hold))...)
+	return c.ackedOwn(ctx, "Fail", c.sql.fail, true, refs, append(args, c.arr(c.db, kinds), c.arr(c.db, hold))...)
 }
 
 // Release clears the leases of attempts the caller never ran and gives the
@@ -466,7 +484,7 @@ func (c *Core) Release(ctx context.Context, instanceID uuid.UUID, refs []driver.
 		return driver.AckResult{}, err
 	}
 	cats, ids, atts := c.refArgs(c.db, refs)
-	return c.acked(ctx, c.db, "Release", c.sql.release, false, refs, c.d.uuid(instanceID), cats, ids, atts, c.nowArg())
+	return c.ackedOwn(ctx, "Release", c.sql.release, false, refs, c.d.uuid(instanceID), cats, ids, atts, c.nowArg())
 }
 
 // ---- instances ----
@@ -484,6 +502,10 @@ func (c *Core) RecordHeartbeat(ctx context.Context, req driver.HeartbeatRequest)
 	if err := req.Validate(); err != nil {
 		return driver.HeartbeatResult{}, err
 	}
+	return againIfRolledBack(ctx, func() (driver.HeartbeatResult, error) { return c.heartbeat(ctx, req) })
+}
+
+func (c *Core) heartbeat(ctx context.Context, req driver.HeartbeatRequest) (driver.HeartbeatResult, error) {
 	in := req.Instance
 	rows, err := c.db.Query(ctx, c.sql.heartbeat, c.d.uuid(in.ID), in.ServiceName, in.Host, int32(min(in.PID, 1<<31-1)), string(in.Metadata),
 		req.StaleAfter.Nanoseconds(), req.DeadAfter.Nanoseconds(), c.nowArg(), req.AliveLockHeld, req.LockLostAfter.Nanoseconds(),

@@ -278,3 +278,101 @@ func TestClaimSkipsHeldStreamlessRows(t *testing.T) {
 		t.Fatalf("after the holder ended the claim took %+v, want the skipped row", rest)
 	}
 }
+
+// TestCompleteRunsAgainAfterLosingADeadlock: a completion runs in a
+// transaction of its own, so when Postgres picks it as a deadlock's victim
+// nothing of it was applied and it runs again instead of failing (a failed
+// completion batch would be dropped, and its items run a second time once
+// their leases expired). The deadlock is forced: a session holds the
+// stream's ownership row, the completion deletes the row of work and waits
+// for the ownership row (its settle), then the session asks for the row of
+// work. The session's own deadlock check is set late so that the
+// completion is the one Postgres rolls back.
+func TestCompleteRunsAgainAfterLosingADeadlock(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	c := mustNew(t, pool, Options{Schema: schema})
+	inst := uuid.New()
+	register(t, c, inst)
+	if _, err := c.Enqueue(ctx, []driver.NewWork{outbox("s")}); err != nil {
+		t.Fatal(err)
+	}
+	got := claimAll(t, c, inst)
+	if len(got) != 1 {
+		t.Fatalf("claimed %+v", got)
+	}
+	w := got[0]
+	sch := pgx.Identifier{schema}.Sanitize()
+
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s.wp_active_streams WHERE stream_id = 's' FOR UPDATE`, sch)); err != nil {
+		t.Fatal(err)
+	}
+	var holderPID uint32
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
+		t.Fatal(err)
+	}
+
+	type acked struct {
+		res driver.AckResult
+		err error
+	}
+	done := make(chan acked, 1)
+	go func() {
+		res, err := c.Complete(ctx, inst, []driver.Ref{w.Ref()})
+		done <- acked{res, err}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE '%wp_complete%' AND $1 = ANY (pg_blocking_pids(pid)))`,
+			holderPID).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the completion returned while the stream's ownership row was held: %+v, %v", r.res, r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the completion never waited for the stream's ownership row")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Closes the cycle; returns once Postgres has rolled the completion back.
+	var n int
+	if err := holder.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s.wp_outbox WHERE message_id = $1 FOR UPDATE) x`, sch), w.ID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("the session locked %d rows of work, want the one the rolled-back completion had deleted", n)
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Complete: %v (a rolled-back completion must run again)", r.err)
+	}
+	if r.res.Applied != 1 || len(r.res.Lost) != 0 {
+		t.Fatalf("Complete: %+v, want the one ref applied", r.res)
+	}
+	if _, ok, err := c.GetWork(ctx, driver.Outbox, w.ID); err != nil || ok {
+		t.Fatalf("the completed row is still stored (ok=%v, err=%v)", ok, err)
+	}
+	if _, owned, err := c.GetStreamOwner(ctx, "s"); err != nil || owned {
+		t.Fatalf("stream s still has an owner after its last row completed (owned=%v, err=%v)", owned, err)
+	}
+}
