@@ -80,11 +80,11 @@ const rolledBackRuns = 3
 // and runs it again (up to rolledBackRuns in all) while it fails because
 // the database rolled that transaction back to break a deadlock (40P01) or
 // a serialization conflict (40001). Such a failure applied nothing, so
-// running the call again is exact; without it a completion batch that lost
-// a deadlock would be dropped and its items run a second time once their
-// leases expired. Calls through the application's transaction are never
-// run again here: the rollback ended that transaction, and only the
-// application can run it again.
+// running the call again at once is exact, and no caller (an application
+// enqueueing, an admin tool, the pump's flushers with their backoff) has
+// to treat the lost race as an error. Calls through the application's
+// transaction are never run again here: the rollback ended that
+// transaction, and only the application can run it again.
 func againIfRolledBack[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	for run := 1; ; run++ {
 		v, err := f()

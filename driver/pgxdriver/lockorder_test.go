@@ -281,9 +281,8 @@ func TestClaimSkipsHeldStreamlessRows(t *testing.T) {
 
 // TestCompleteRunsAgainAfterLosingADeadlock: a completion runs in a
 // transaction of its own, so when Postgres picks it as a deadlock's victim
-// nothing of it was applied and it runs again instead of failing (a failed
-// completion batch would be dropped, and its items run a second time once
-// their leases expired). The deadlock is forced: a session holds the
+// nothing of it was applied and it runs again instead of failing. The
+// deadlock is forced: a session holds the
 // stream's ownership row, the completion deletes the row of work and waits
 // for the ownership row (its settle), then the session asks for the row of
 // work. The session's own deadlock check is set late so that the
