@@ -41,6 +41,8 @@ var released = map[string]string{
 	"0012_dead_letter_holds.up.sql":    "ad6ae63883ab4211253cc8fbf2d17d714e4d201d147722e709865cff0992a9fd",
 	"0013_pauses.down.sql":             "223a6f11d9de75ac97f78f81261d0f9e6bb3dad1990f54677fd5a30c7f94a244",
 	"0013_pauses.up.sql":               "8f766227908ff7aba4db4dcc1af9cdedae781649fd8a7ddf6dc3e3502f4f1701",
+	"0014_lock_order.down.sql":         "dd57b34428260ecdedc7f06772e510357c29bbcaf1fd0474f5d64e4f17699978",
+	"0014_lock_order.up.sql":           "1816f9f29424c9a82e27a1dd99aaf59117642ec51cf6a169947261b28f68a568",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released
