@@ -227,55 +227,105 @@ func TestClaimDoesNotWaitForAnOpenEnqueuesNewLockRow(t *testing.T) {
 	}
 }
 
-// TestClaimSkipsHeldStreamlessRows: a claim whose candidates are all
-// fresh takes them in one update, but a streamless row has no stream lock
-// to keep others off it; after a rank change another instance may be
-// claiming or completing it, in a transaction that may also wait for a
-// stream this claim holds. The claim must leave a held streamless row out
-// rather than wait for it.
-func TestClaimSkipsHeldStreamlessRows(t *testing.T) {
+// TestClaimRunsAgainAfterLosingADeadlock: a claim that waits for a row
+// without a stream (another instance's completion may hold it after a rank
+// change) can close a cycle with that completion, which waits for a stream
+// the claim holds. Postgres rolls one back; when it is the claim, the claim
+// runs again and nobody sees an error. The cycle is forced: a session
+// holds the streamless row, the claim takes stream s (whose ownership row
+// exists) and waits for the row, then the session asks for s's ownership
+// row. The session's own deadlock check is set late so that the claim is
+// the one Postgres rolls back.
+func TestClaimRunsAgainAfterLosingADeadlock(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
 	schema := pgtest.CleanSchema(t)
 	c := mustNew(t, pool, Options{Schema: schema})
 	inst := uuid.New()
 	register(t, c, inst)
+	sch := pgx.Identifier{schema}.Sanitize()
 
-	ids, err := c.Enqueue(ctx, []driver.NewWork{outbox(""), outbox("s"), outbox("")})
+	ids, err := c.Enqueue(ctx, []driver.NewWork{outbox("s"), outbox("")})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ws, ok, err := c.GetWork(ctx, driver.Outbox, ids[0])
+	if err != nil || !ok {
+		t.Fatalf("GetWork: %v %v", ok, err)
+	}
+	// s has an ownership row of the claimer's already (as after an earlier
+	// claim of it), so the claim locks that row rather than inserting it.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.wp_active_streams (stream_id, assigned_instance_id, lease_expiry, partition_number)
+		VALUES ('s', $1, now() + interval '1 hour', $2)`, sch), inst, ws.Partition); err != nil {
+		t.Fatal(err)
+	}
+
 	holder, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s.wp_outbox WHERE message_id = $1 FOR UPDATE`,
-		pgx.Identifier{schema}.Sanitize()), ids[0]); err != nil {
+	if _, err := holder.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s.wp_outbox WHERE message_id = $1 FOR UPDATE`, sch), ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	var holderPID uint32
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
 		t.Fatal(err)
 	}
 
-	claimCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	res, err := c.ClaimWork(claimCtx, driver.ClaimRequest{InstanceID: inst, Lease: 5 * time.Minute, MaxPerCategory: 10})
-	if claimCtx.Err() != nil {
-		t.Fatal("the claim waited for a streamless row another transaction holds")
+	type claimed struct {
+		res driver.ClaimResult
+		err error
 	}
-	if err != nil {
+	done := make(chan claimed, 1)
+	go func() {
+		res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: 5 * time.Minute, MaxPerCategory: 10})
+		done <- claimed{res, err}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE '%wp_claim_work%' AND $1 = ANY (pg_blocking_pids(pid)))`,
+			holderPID).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the claim returned while the streamless row was held: %+v, %v", r.res, r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the claim never waited for the streamless row")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Closes the cycle; returns once Postgres has rolled the claim back.
+	if _, err := holder.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s.wp_active_streams WHERE stream_id = 's' FOR UPDATE`, sch)); err != nil {
 		t.Fatal(err)
-	}
-	var got []uuid.UUID
-	for _, w := range res.Work {
-		got = append(got, w.ID)
-	}
-	if fmt.Sprint(got) != fmt.Sprint([]uuid.UUID{ids[1], ids[2]}) {
-		t.Fatalf("claimed %v, want %v (all but the held row)", got, ids[1:])
 	}
 	if err := holder.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rest := claimAll(t, c, inst); len(rest) != 1 || rest[0].ID != ids[0] {
-		t.Fatalf("after the holder ended the claim took %+v, want the skipped row", rest)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("ClaimWork: %v (a rolled-back claim must run again)", r.err)
+	}
+	var got []uuid.UUID
+	for _, w := range r.res.Work {
+		got = append(got, w.ID)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(ids) {
+		t.Fatalf("claimed %v, want both rows %v", got, ids)
+	}
+	if owner, ok, err := c.GetStreamOwner(ctx, "s"); err != nil || !ok || owner.InstanceID != inst {
+		t.Fatalf("stream s: owner %+v (ok=%v, err=%v), want the claimer", owner, ok, err)
 	}
 }
 

@@ -1,14 +1,13 @@
--- workpump schema, version 14: a claim does not wait for a lock whose
--- holder may be waiting for the claim, and a claim past paused names reads
--- their rows in growing batches.
+-- workpump schema, version 14: a claim takes stream locks so that it
+-- cannot deadlock with a settle or an open enqueue, and a claim past paused
+-- names reads their rows in growing batches.
 --
 -- wp_claim_streams locks the ownership rows of the streams it takes in
 -- stream order before it updates them, as a settle (every Complete, Fail
 -- and Release) does, and creates missing stream lock rows without waiting
--- for an open enqueue. The fast path of wp_claim_work locks its streamless
--- rows first, skipping those someone else holds. The paused-names path
--- compares each batch with the streams cut so far at a cost linear in the
--- rows it reads.
+-- for an open enqueue (whose transaction may next wait for the claim). The
+-- paused-names path compares each batch with the streams cut so far at a
+-- cost linear in the rows it reads.
 
 -- wp_claim_streams (version 14: it locks ownership rows in stream order)
 -- is step 5 of wp_claim_work: it locks the streams
@@ -133,8 +132,7 @@ BEGIN
 END
 $fn$;
 
--- wp_claim_work (version 14: batches behind paused names; the fast path skips
--- held streamless rows) leases claimable rows to p_instance_id and returns them,
+-- wp_claim_work (version 14: batches behind paused names) leases claimable rows to p_instance_id and returns them,
 -- grouped by category (outbox, inbox, perspective_event, receptor); within a
 -- category the order is the update's, and the drivers sort by seq. The rules are the driver package's:
 --  * claimable: pending AND (unowned OR lease_expiry < now) AND due;
@@ -621,15 +619,14 @@ BEGIN
             -- a locked stream (other claimers need the stream lock; acks,
             -- renewals and cleanup touch leased rows only), so no candidate
             -- can drop out and leave a gap: update them directly, without
-            -- the lock step. Streamless rows have no stream lock: after a
-            -- rank change another claimer may take one meanwhile, and its
-            -- instance may be completing it, in a transaction that also
-            -- settles streams this claim holds. Waiting for such a row
-            -- could close a cycle, so the streamless candidates are locked
-            -- first, skipping rows someone else holds (the sub-select runs
-            -- once, at the first streamless row); a row left out carries
-            -- no order. The key test (a hashed set: IS TRUE keeps it from
-            -- becoming a join) guards against a reused ctid.
+            -- the lock step. A fresh streamless row another claimer (after a
+            -- rank change) took meanwhile fails the re-check and is left
+            -- out; it carries no order. (Such a row can also be held by that
+            -- instance's completion, which may wait for a stream this claim
+            -- holds: Postgres then rolls one of the two back, and the
+            -- drivers run a call it rolled back again.) The key test (a
+            -- hashed set: IS TRUE keeps it from becoming a join) guards
+            -- against a reused ctid.
             RETURN QUERY
             UPDATE {{$.S}}.{{.Table}} t
                SET instance_id = p_instance_id, lease_expiry = v_exp,
@@ -639,12 +636,6 @@ BEGIN
                -- (IS TRUE: spelled plainly, this re-check matches the fresh
                -- index's predicate, and the planner walks that whole index.)
                AND (t.{{.Done}} IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL) IS TRUE
-               AND (t.stream_id <> '' OR t.ctid = ANY (ARRAY(
-                        SELECT l.ctid FROM {{$.S}}.{{.Table}} l
-                         WHERE l.ctid = ANY (c_{{.Name}}_tid) AND l.stream_id = ''
-                           AND (l.{{.Key}} IN (SELECT unnest(c_{{.Name}}_id))) IS TRUE
-                           AND (l.{{.Done}} IS NULL AND l.instance_id IS NULL AND l.scheduled_for IS NULL) IS TRUE
-                           FOR UPDATE SKIP LOCKED)))
             RETURNING '{{.Name}}'::text, t.{{.Key}}, t.stream_id, t.partition_number, t.name, t.message_type,
                       t.payload, t.metadata, t.attempts, t.seq, t.scheduled_for, t.created_at, t.lease_expiry,
                       t.claim_count > 1;
