@@ -63,8 +63,9 @@ type ClaimEvent struct {
 // which must derive from ctx so that the pump's cancellation reaches the
 // handler, and a finish function (may be nil) the pump calls with the
 // handler's error right after the handler returns, before its outcome is
-// stored. Both run on the dispatcher goroutine that runs the handler, so
-// they add to every item's latency: keep them fast.
+// stored. Both run on the goroutine that runs the handler (a dispatcher
+// goroutine, or Pump.RunNext's caller), so they add to every item's
+// latency: keep them fast.
 type HandlerContextFunc func(ctx context.Context, w Work) (context.Context, func(err error))
 
 // EnqueueMetadataFunc adds to an item's metadata on its way through

@@ -148,13 +148,13 @@ type Hooks struct {
 	// from a timer goroutine.
 	Overrun func(OverrunEvent)
 	// HandlerStarted: a handler is about to be called, HandlerContext
-	// having wrapped the call already. Called on the dispatcher goroutine
-	// that runs the handler.
+	// having wrapped the call already. Called on the goroutine that runs
+	// the handler (a dispatcher goroutine, or Pump.RunNext's caller).
 	HandlerStarted func(HandlerEvent)
 	// HandlerFinished: a handler returned (or panicked), with its duration
 	// and its error as returned, before the outcome is queued for the
-	// store. Called on the dispatcher goroutine that ran the handler, once
-	// for every HandlerStarted.
+	// store. Called on the goroutine that ran the handler, once for every
+	// HandlerStarted.
 	HandlerFinished func(HandlerEvent)
 	// ClaimFinished: a claim round trip ended, empty, failed or not.
 	// Called on the claim loop's goroutine, before the batch is handed to

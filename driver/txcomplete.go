@@ -14,10 +14,11 @@ import (
 // carries it (each driver documents how fn reads it back: pgxdriver.TxFrom,
 // bundriver.TxFrom, sqldriver.TxFrom, memdriver.TxFrom), then completes
 // the delivery the pump attached to ctx (DeliveryFrom) in that same
-// transaction, marks it settled and commits. When fn returns an error or
-// panics, or the completion is refused, everything is rolled back and the
-// error returned: the item is not completed, and the handler returning that
-// error fails the attempt as usual. A completion refused because the item
+// transaction, marks it settled and commits. When fn returns an error, or
+// the completion is refused, everything is rolled back and the error
+// returned: the item is not completed, and the handler returning that
+// error fails the attempt as usual. When fn panics, the transaction is
+// rolled back and the panic goes on (the pump fails the attempt with it). A completion refused because the item
 // is no longer held at that attempt wraps ErrLeaseLost. A ctx without a
 // delivery gives an error wrapping ErrInvalidArgument before anything
 // begins.
