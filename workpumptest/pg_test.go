@@ -228,3 +228,34 @@ func TestPG_CompleteInTxOnBunAndDatabaseSQL(t *testing.T) {
 		})
 	})
 }
+
+// recordPayment, the handler the memdriver tests run with memPayments,
+// on Postgres with pgPayments: the same story ends the same way, the
+// refused payment's row rolled back with its receipt.
+func TestPG_RecordPayment(t *testing.T) {
+	coord, schema := pgxEnv(t)
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	table := `"` + schema + `".payments`
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (account text NOT NULL, cents bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+table) })
+	p, err := workpump.New(coord, workpump.Options{Logger: hclog.NewNullLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(ctx) })
+	balance := func(account string) int64 {
+		var b int64
+		if err := pool.QueryRow(ctx, `SELECT coalesce(sum(cents), 0) FROM `+table+` WHERE account = $1`, account).Scan(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	checkRecordPayment(t, p, coord, pgPayments{coord: coord, table: table}, balance)
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&rows); err != nil || rows != 2 {
+		t.Fatalf("payment rows %d (%v), want the two committed", rows, err)
+	}
+}

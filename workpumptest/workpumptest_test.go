@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -11,12 +13,26 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.uber.org/goleak"
 
 	"github.com/workpump/workpump"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/memdriver"
+	"github.com/workpump/workpump/internal/pgtest"
 	"github.com/workpump/workpump/workpumptest"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.CloseShared()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // recorder is a TB that records what a helper reports instead of failing
 // the test, so each helper's failure message can be checked.
@@ -477,4 +493,165 @@ func TestNewPump_FailsOnBadOptions(t *testing.T) {
 		t.Fatal("returned a pump for bad options")
 	}
 	wantContains(t, r.message(t), "workpumptest.NewPump: workpump: New: invalid argument: options: Concurrency")
+}
+
+// checkRecordPayment runs recordPayment (example_test.go) on p, whatever
+// its store: TestRecordPayment gives it memPayments on memdriver,
+// TestPG_RecordPayment pgPayments on Postgres, and both must end the same.
+// balance reads an account's committed balance.
+func checkRecordPayment(t *testing.T, p *workpump.Pump, store driver.Coordinator, payments Payments, balance func(account string) int64) {
+	t.Helper()
+	_ = p.Handle(workpump.Inbox, "payment", recordPayment(payments))
+	_ = p.Handle(workpump.Outbox, "receipts", func(context.Context, workpump.Work) error { return nil })
+	for _, cents := range []string{"4000", "5000", "2000"} {
+		if _, err := p.Enqueue(context.Background(), workpump.NewWork{Category: workpump.Inbox, Name: "payment", StreamID: "acct-1", Payload: []byte(cents)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One at a time, in driver.Categories order: a receipt (outbox) runs
+	// before the next payment (inbox).
+	var ran []string
+	for range 5 {
+		o := workpumptest.WorkOne(t, p)
+		ran = append(ran, fmt.Sprintf("%s %s %v", o.Work.Name, o.Kind, o.Err))
+		if o.Work.Name == "payment" && o.Kind == workpump.CompletedInTx {
+			workpumptest.RequireEnqueued(t, store, workpumptest.Match{Category: workpump.Outbox, Name: "receipts", StreamID: "acct-1", Payload: o.Work.Payload})
+		}
+	}
+	// The third goes over the limit after its write: the write and its
+	// receipt roll back, and the item is dead-lettered.
+	want := []string{
+		"payment CompletedInTx <nil>",
+		"receipts Completed <nil>",
+		"payment CompletedInTx <nil>",
+		"receipts Completed <nil>",
+		"payment DeadLettered account acct-1 would hold 11000, over the limit",
+	}
+	if strings.Join(ran, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("ran:\n%s\nwant:\n%s", strings.Join(ran, "\n"), strings.Join(want, "\n"))
+	}
+	if outs := workpumptest.Drain(t, p); len(outs) != 0 {
+		t.Fatalf("drain ran %d more", len(outs))
+	}
+	if b := balance("acct-1"); b != 9000 {
+		t.Fatalf("balance %d, want 9000: the refused payment's write rolled back", b)
+	}
+	workpumptest.RequireNotEnqueued(t, store, workpumptest.Match{})
+	if s := p.Stats(); s.CompletedInTx != 2 || s.Completed != 2 || s.DeadLettered != 1 {
+		t.Fatalf("stats CompletedInTx %d Completed %d DeadLettered %d, want 2, 2, 1", s.CompletedInTx, s.Completed, s.DeadLettered)
+	}
+}
+
+func TestRecordPayment(t *testing.T) {
+	env := workpumptest.NewPump(t, workpump.Options{})
+	payments := newMemPayments()
+	checkRecordPayment(t, env.Pump, env.Store, payments, payments.Balance)
+}
+
+// failingStore fails every claim, as a store whose database went away.
+type failingStore struct{ driver.Coordinator }
+
+func (failingStore) ClaimWork(context.Context, driver.ClaimRequest) (driver.ClaimResult, error) {
+	return driver.ClaimResult{}, errors.New("connection refused")
+}
+
+func TestHelpers_FailOnStoreErrorsAndMissingCapabilities(t *testing.T) {
+	store := memdriver.New(memdriver.Options{})
+	p, err := workpump.New(failingStore{store}, workpump.Options{Logger: hclog.NewNullLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil })
+	r := &recorder{}
+	workpumptest.WorkOne(r, p)
+	wantContains(t, r.message(t), "workpumptest.WorkOne: ", "connection refused")
+	r = &recorder{}
+	if outs := workpumptest.Drain(r, p); len(outs) != 0 {
+		t.Fatalf("drain ran %d items on a failing store", len(outs))
+	}
+	wantContains(t, r.message(t), "workpumptest.Drain: after 0 items: ", "connection refused")
+
+	plain := plainCoordinator{store}
+	r = &recorder{}
+	workpumptest.WorkUntilIdle(r, p, plain)
+	if msg := r.message(t); msg != "workpumptest.WorkUntilIdle: the store workpumptest_test.plainCoordinator cannot be inspected (driver.Inspector)" {
+		t.Fatalf("WorkUntilIdle: %s", msg)
+	}
+	r = &recorder{}
+	workpumptest.RequireEnqueued(r, plain, workpumptest.Match{})
+	if msg := r.message(t); msg != "workpumptest.RequireEnqueued: the store workpumptest_test.plainCoordinator cannot list its items (driver.WorkLister)" {
+		t.Fatalf("RequireEnqueued: %s", msg)
+	}
+	r = &recorder{}
+	workpumptest.RequireNotEnqueued(r, plain, workpumptest.Match{})
+	wantContains(t, r.message(t), "workpumptest.RequireNotEnqueued: the store workpumptest_test.plainCoordinator cannot list its items (driver.WorkLister)")
+
+	// A listing the store refuses: a nil memdriver transaction.
+	r = &recorder{}
+	workpumptest.RequireEnqueuedTx(r, store, (*memdriver.Tx)(nil), workpumptest.Match{})
+	wantContains(t, r.message(t), "workpumptest.RequireEnqueuedTx: listing items through the transaction: ", "invalid argument")
+	r = &recorder{}
+	workpumptest.RequireNotEnqueuedTx(r, store, (*memdriver.Tx)(nil), workpumptest.Match{})
+	wantContains(t, r.message(t), "workpumptest.RequireNotEnqueuedTx: listing items through the transaction: ", "invalid argument")
+}
+
+// childEnv tells the test binary it runs TestNewPump_FailingChild for
+// TestNewPump_FailingTestInABubbleEndsCleanly, and how that child builds
+// its pump.
+const childEnv = "WORKPUMPTEST_FAILING_CHILD"
+
+// TestNewPump_FailingChild is a test that fails inside a synctest bubble
+// with its pump started and never stopped. It runs only as the child of
+// TestNewPump_FailingTestInABubbleEndsCleanly.
+func TestNewPump_FailingChild(t *testing.T) {
+	mode := os.Getenv(childEnv)
+	if mode == "" {
+		t.Skip("run as a child process by TestNewPump_FailingTestInABubbleEndsCleanly")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		var p *workpump.Pump
+		if mode == "newpump" {
+			p = workpumptest.NewPump(t, workpump.Options{}).Pump
+		} else {
+			var err error
+			if p, err = workpump.New(memdriver.New(memdriver.Options{}), workpump.Options{Logger: hclog.NewNullLogger()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = p.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil })
+		if err := p.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Fatal("the assertion that failed")
+	})
+}
+
+// A real test failing in a bubble, run in a child process: with NewPump
+// it fails with its own message only; the same test on a pump built
+// without NewPump ends in synctest's deadlock panic, which shows the
+// check can fail.
+func TestNewPump_FailingTestInABubbleEndsCleanly(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("in the child")
+	}
+	run := func(mode string) string {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestNewPump_FailingChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			t.Fatalf("%s child: %v, want it to fail\n%s", mode, err, out)
+		}
+		return string(out)
+	}
+	const deadlock = "deadlock: main bubble goroutine has exited but blocked goroutines remain"
+
+	out := run("newpump")
+	wantContains(t, out, "--- FAIL: TestNewPump_FailingChild", "the assertion that failed")
+	if strings.Contains(out, deadlock) || strings.Contains(out, "panic:") {
+		t.Fatalf("the failing test with NewPump panicked:\n%s", out)
+	}
+
+	out = run("bare")
+	wantContains(t, out, deadlock)
 }
