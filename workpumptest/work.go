@@ -12,8 +12,13 @@ import (
 
 // WorkOne runs exactly the next ready item through its handler on the
 // calling goroutine (see workpump.Pump.RunNext) and returns its outcome.
-// The pump must not be started. It fails the test when nothing is ready,
-// or when the store fails.
+// The next item is the first ready one of the categories the pump has
+// handlers for, taken in driver.Categories order (outbox, inbox,
+// perspective events, receptor) and, within a category and stream, in
+// enqueue order: an outbox follow-up runs before the next inbox item.
+// An item whose name has no handler still runs, and fails as a started
+// pump fails it ("no handler for ..."). The pump must not be started. It
+// fails the test when nothing is ready, or when the store fails.
 func WorkOne(t TB, p *workpump.Pump) workpump.Outcome {
 	t.Helper()
 	out, ok, err := p.RunNext(context.Background())
@@ -70,6 +75,10 @@ const IdleTimeout = 10 * time.Second
 // coordinator; it must implement driver.Inspector (every bundled driver
 // does), and its listing (driver.WorkLister) names the items left.
 //
+// It fails at once, listing what is left, when p is not started (or
+// already stopped): nothing would work the items off; Drain runs them on
+// a pump that is not started.
+//
 // It asks the pump to poll each time it looks, so it does not wait for a
 // claim loop's backoff; on a store whose clock the test controls, due
 // items become ready only when the test advances that clock.
@@ -94,9 +103,16 @@ func WorkUntilIdle(t TB, p *workpump.Pump, store driver.Coordinator) {
 		if busy == "" && inFlight == 0 {
 			return
 		}
+		if why := notStarted(p); why != "" {
+			// Nothing would work the items off: waiting would only
+			// postpone the failure by IdleTimeout.
+			t.Fatalf("workpumptest.WorkUntilIdle: %s, so nothing works off what is left: %s; Start it, or run the items on the test's goroutine with Drain%s",
+				why, orNone(busy), leftItems(ctx, store))
+			return
+		}
 		if !time.Now().Before(deadline) {
-			t.Fatalf("workpumptest.WorkUntilIdle: not idle after %v: %s; in flight in the pump: %d%s",
-				IdleTimeout, orNone(busy), inFlight, leftItems(ctx, store))
+			t.Fatalf("workpumptest.WorkUntilIdle: not idle after %v: %s; in flight in the pump: %d%s%s",
+				IdleTimeout, orNone(busy), inFlight, unclaimedHint(st, inFlight), leftItems(ctx, store))
 			return
 		}
 		p.RequestImmediatePoll()
@@ -119,6 +135,35 @@ func busyCounts(st driver.Stats) string {
 	return strings.Join(parts, "; ")
 }
 
+// notStarted says why p runs no claim loop ("the pump is not started"),
+// or "" when it runs one.
+func notStarted(p *workpump.Pump) string {
+	for _, c := range p.Health().Checks {
+		if c.Name == "started" && !c.OK {
+			return c.Detail
+		}
+	}
+	return ""
+}
+
+// unclaimedHint names the likely cause when items stay ready and the pump
+// holds none: the pump claims only the categories it has handlers for.
+func unclaimedHint(st driver.Stats, inFlight int) string {
+	if inFlight != 0 {
+		return ""
+	}
+	var idle []string
+	for _, c := range driver.Categories {
+		if cs := st.Categories[c]; cs.Ready > 0 && cs.Leased+cs.Orphaned == 0 {
+			idle = append(idle, string(c))
+		}
+	}
+	if len(idle) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (nothing of %s is claimed: has the pump a handler for it, registered with Pump.Handle before Start?)", strings.Join(idle, ", "))
+}
+
 func orNone(s string) string {
 	if s == "" {
 		return "no item ready or leased"
@@ -137,5 +182,5 @@ func leftItems(ctx context.Context, store driver.Coordinator) string {
 	if err != nil {
 		return "\n(listing the items failed: " + err.Error() + ")"
 	}
-	return "\nunprocessed items:\n" + describeAll(items)
+	return "\nunprocessed items:\n" + strings.TrimSuffix(describeAll(items), "\n")
 }

@@ -655,3 +655,62 @@ func TestNewPump_FailingTestInABubbleEndsCleanly(t *testing.T) {
 	out = run("bare")
 	wantContains(t, out, deadlock)
 }
+
+// A pump that was never started (or is stopped) works nothing off:
+// WorkUntilIdle fails at once, saying so, instead of after IdleTimeout.
+func TestWorkUntilIdle_FailsAtOnceOnAPumpNotStarted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		env := workpumptest.NewPump(t, workpump.Options{})
+		_ = env.Pump.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil })
+		r := &recorder{}
+		workpumptest.WorkUntilIdle(r, env.Pump, env.Store) // nothing to do: idle
+		r.wantPassed(t)
+
+		ids := enqueue(t, env.Pump, workpump.NewWork{Category: workpump.Outbox, Name: "mail"})
+		start := time.Now()
+		r = &recorder{}
+		workpumptest.WorkUntilIdle(r, env.Pump, env.Store)
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("waited %v on a pump that is not started", waited)
+		}
+		want := "workpumptest.WorkUntilIdle: the pump is not started, so nothing works off what is left: outbox ready 1, leased 0, orphaned 0; " +
+			"Start it, or run the items on the test's goroutine with Drain\nunprocessed items:\n  outbox " + ids[0] + ` name="mail" stream="" type="" payload=nil attempts=0`
+		if msg := r.message(t); msg != want {
+			t.Fatalf("message:\n%s\nwant:\n%s", msg, want)
+		}
+
+		if err := env.Pump.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		workpumptest.WorkUntilIdle(t, env.Pump, env.Store)
+		enqueue(t, env.Pump, workpump.NewWork{Category: workpump.Outbox, Name: "late"})
+		if err := env.Pump.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		r = &recorder{}
+		workpumptest.WorkUntilIdle(r, env.Pump, env.Store)
+		wantContains(t, r.message(t), "workpumptest.WorkUntilIdle: the pump is stopping or stopped, so nothing works off what is left: outbox ready 1", `name="late"`)
+	})
+}
+
+// An item of a category the pump has no handler for is never claimed;
+// the failure says so rather than leaving the reader to guess.
+func TestWorkUntilIdle_NamesTheCategoryNoHandlerClaims(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		env := workpumptest.NewPump(t, workpump.Options{})
+		_ = env.Pump.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil })
+		if err := env.Pump.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		enqueue(t, env.Pump,
+			workpump.NewWork{Category: workpump.Inbox, Name: "forgotten"},
+			workpump.NewWork{Category: workpump.Outbox, Name: "handled"})
+		r := &recorder{}
+		workpumptest.WorkUntilIdle(r, env.Pump, env.Store)
+		wantContains(t, r.message(t),
+			"workpumptest.WorkUntilIdle: not idle after 10s: inbox ready 1, leased 0, orphaned 0; in flight in the pump: 0 "+
+				"(nothing of inbox is claimed: has the pump a handler for it, registered with Pump.Handle before Start?)",
+			`name="forgotten"`)
+		workpumptest.RequireNotEnqueued(t, env.Store, workpumptest.Match{Name: "handled"})
+	})
+}
