@@ -15,7 +15,10 @@ import (
 // fn reads the transaction with its driver's TxFrom (pgxdriver.TxFrom,
 // bundriver.TxFrom, sqldriver.TxFrom; in unit tests memdriver.TxFrom,
 // whose in-memory Tx commits or rolls back with the handler the same
-// way), so one handler runs unchanged in tests and on Postgres.
+// way). When the handler leaves that to its repository, which has a
+// Postgres and an in-memory implementation, the handler names no driver
+// and runs unchanged in tests and on Postgres (package workpumptest's
+// examples show one).
 //
 // When fn returns an error (or panics) everything rolls back and the
 // error is returned: the handler returns it and the attempt fails as
