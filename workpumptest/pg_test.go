@@ -259,3 +259,49 @@ func TestPG_RecordPayment(t *testing.T) {
 		t.Fatalf("payment rows %d (%v), want the two committed", rows, err)
 	}
 }
+
+// The helpers' failure messages on Postgres read as on memdriver.
+func TestPG_FailureMessages(t *testing.T) {
+	coord, _ := pgxEnv(t)
+	ctx := context.Background()
+	p, err := workpump.New(coord, workpump.Options{Logger: hclog.NewNullLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(ctx) })
+	_ = p.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil })
+
+	r := &recorder{}
+	workpumptest.WorkOne(r, p)
+	wantContains(t, r.message(t), "workpumptest.WorkOne: no item is ready to run")
+	r = &recorder{}
+	if outs := workpumptest.Drain(r, p); len(outs) != 0 {
+		t.Fatalf("drain ran %d on an empty store", len(outs))
+	}
+	r.wantPassed(t)
+
+	ids, err := p.Enqueue(ctx, workpump.NewWork{Category: workpump.Outbox, Name: "mail", StreamID: "u1", Payload: []byte("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = &recorder{}
+	workpumptest.WorkUntilIdle(r, p, coord)
+	want := "workpumptest.WorkUntilIdle: the pump is not started, so nothing works off what is left: outbox ready 1, leased 0, orphaned 0; " +
+		"Start it, or run the items on the test's goroutine with Drain\nunprocessed items:\n  outbox " + ids[0].String() + ` name="mail" stream="u1" type="" payload="hi" attempts=0`
+	if msg := r.message(t); msg != want {
+		t.Fatalf("message:\n%s\nwant:\n%s", msg, want)
+	}
+	r = &recorder{}
+	workpumptest.RequireNotEnqueued(r, coord, workpumptest.Match{Category: workpump.Outbox, StreamID: "u1"})
+	want = `workpumptest.RequireNotEnqueued: 1 unprocessed item(s) match {category=outbox stream="u1"}:
+  outbox ` + ids[0].String() + ` name="mail" stream="u1" type="" payload="hi" attempts=0`
+	if msg := r.message(t); msg != want {
+		t.Fatalf("message:\n%s\nwant:\n%s", msg, want)
+	}
+
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	workpumptest.WorkUntilIdle(t, p, coord)
+	workpumptest.RequireNotEnqueued(t, coord, workpumptest.Match{})
+}

@@ -714,3 +714,26 @@ func TestWorkUntilIdle_NamesTheCategoryNoHandlerClaims(t *testing.T) {
 		workpumptest.RequireNotEnqueued(t, env.Store, workpumptest.Match{Name: "handled"})
 	})
 }
+
+// A Stop that fails at cleanup is reported, not swallowed: here the
+// instance was killed under the pump, so its deregistration fails.
+func TestNewPump_CleanupReportsAFailedStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &recorder{}
+		t.Cleanup(r.runCleanups) // should this test fail before it runs them
+		env := workpumptest.NewPump(r, workpump.Options{})
+		_ = env.Pump.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil })
+		if err := env.Pump.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		env.Store.Kill(env.Pump.ID())
+		r.runCleanups()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.fatal || len(r.msgs) != 1 {
+			t.Fatalf("want one Errorf, got fatal=%v %q", r.fatal, r.msgs)
+		}
+		wantContains(t, r.msgs[0], "workpumptest.NewPump: Stop at cleanup: workpump: deregister: ", env.Pump.ID().String()+" was killed")
+	})
+}
