@@ -27,7 +27,12 @@ func (c *Clock) Now() time.Time {
 	return c.t
 }
 
-// Advance moves the clock forward by d.
+// Advance moves the clock forward by d: scheduled items and retries
+// whose time it passes become ready (WorkOne, Drain, or WorkUntilIdle on
+// a started pump then run them). The store judges leases and heartbeats
+// by this clock too, so advancing it while a started pump holds an item
+// expires that lease, as a stalled instance's would: advance between
+// WorkUntilIdle calls, not while a handler runs.
 func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
