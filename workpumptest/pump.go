@@ -45,8 +45,13 @@ var Start = time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC)
 
 // Env is what NewPump built.
 type Env struct {
-	Pump  *workpump.Pump
+	// Pump is stopped until the test starts it; its Stop is registered
+	// with t.Cleanup.
+	Pump *workpump.Pump
+	// Store is the pump's store: pass it to WorkUntilIdle and the
+	// Require helpers, or break it on purpose (Store.Kill).
 	Store *memdriver.Store
+	// Clock is the store's clock, standing at Start.
 	Clock *Clock
 }
 
