@@ -95,9 +95,9 @@ func (p *Pump) RunNext(ctx context.Context) (out Outcome, ok bool, err error) {
 	case started:
 		return Outcome{}, false, invalid("RunNext", "the pump is started and its claim loop runs the items; use a pump that was not started")
 	}
-	cats, err := p.claimedCategories()
+	cats, err := p.claimedCategories("RunNext")
 	if err != nil {
-		return Outcome{}, false, opErr("RunNext", err)
+		return Outcome{}, false, err
 	}
 	o := p.opts
 	if _, err := p.coord.RecordHeartbeat(ctx, driver.HeartbeatRequest{

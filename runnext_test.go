@@ -120,3 +120,22 @@ func TestRunNextCallsHandlersAsTheDispatcherDoes(t *testing.T) {
 		}
 	})
 }
+
+// TestRunNextWithoutHandlersNamesRunNext: the error of RunNext on a pump
+// without handlers speaks of RunNext, which the caller called, not of
+// Start, and nothing is written.
+func TestRunNextWithoutHandlersNamesRunNext(t *testing.T) {
+	s := memdriver.New(memdriver.Options{})
+	p, err := workpump.New(s, quietOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ran, err := p.RunNext(t.Context())
+	const want = "workpump: RunNext: invalid argument: no handlers registered (call Pump.Handle before RunNext)"
+	if ran || err == nil || err.Error() != want || !errors.Is(err, workpump.ErrInvalidArgument) {
+		t.Fatalf("RunNext = ran %v, %v; want %q", ran, err, want)
+	}
+	if ins, err := s.ListInstances(t.Context()); err != nil || len(ins) != 0 {
+		t.Fatalf("instances after a refused RunNext: %v, %v", ins, err)
+	}
+}

@@ -150,7 +150,7 @@ func (p *Pump) Start(ctx context.Context) error {
 		return nil
 	}
 	p.handlers.freeze()
-	cats, err := p.claimedCategories()
+	cats, err := p.claimedCategories("Start")
 	if err != nil {
 		return err
 	}
@@ -190,18 +190,20 @@ func (p *Pump) checkSchema(ctx context.Context) error {
 	return opErr("Start", err)
 }
 
-func (p *Pump) claimedCategories() ([]Category, error) {
+// claimedCategories returns the categories the pump claims, or the error
+// of op (Start or RunNext) when a claimed category has no handler.
+func (p *Pump) claimedCategories(op string) ([]Category, error) {
 	cats := p.opts.Categories
 	if len(cats) == 0 {
 		cats = p.handlers.categories()
 		if len(cats) == 0 {
-			return nil, invalid("Start", "no handlers registered (call Pump.Handle before Start)")
+			return nil, invalid(op, "no handlers registered (call Pump.Handle before %s)", op)
 		}
 		return cats, nil
 	}
 	for _, c := range cats {
 		if !p.handlers.hasAny(c) {
-			return nil, invalid("Start", "category %s is claimed (Options.Categories) but has no handler", c)
+			return nil, invalid(op, "category %s is claimed (Options.Categories) but has no handler", c)
 		}
 	}
 	return (driver.ClaimRequest{Categories: cats}).CategoriesOrAll(), nil
