@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
+
 	"github.com/workpump/workpump/driver"
 )
 
@@ -49,4 +51,30 @@ func CompleteInTx(ctx context.Context, fn func(ctx context.Context) error) error
 	// fn's error is returned as it is, so Permanent and Snooze still
 	// decide the item's outcome when the handler returns it.
 	return tc.CompleteDeliveryInTx(ctx, fn)
+}
+
+// EnqueueInTx enqueues items in the transaction of CompleteInTx's fn, so
+// that they commit with the handler's writes and the item's completion,
+// or not at all: an inbox handler's outbox messages, a projection's next
+// event. Call it inside fn, with fn's context. It returns the items' ids
+// in input order, as Pump.Enqueue does; Options.EnqueueMetadata does not
+// apply (the item's own Metadata is stored as given).
+//
+// It fails, writing nothing, when ctx is not a pump handler's or not fn's
+// (errors wrapping ErrInvalidArgument) and when the store cannot enqueue
+// in that transaction (errors.ErrUnsupported; see driver.TxEnqueuer).
+func EnqueueInTx(ctx context.Context, items ...NewWork) ([]uuid.UUID, error) {
+	d := driver.DeliveryFrom(ctx)
+	if d == nil {
+		return nil, invalid("EnqueueInTx", "ctx carries no delivery: call it inside CompleteInTx's fn, with fn's context")
+	}
+	if d.Coordinator == nil {
+		return nil, invalid("EnqueueInTx", "the delivery names no coordinator (it was not made by a Pump)")
+	}
+	te, ok := d.Coordinator.(driver.TxEnqueuer)
+	if !ok {
+		return nil, opErr("EnqueueInTx", fmt.Errorf("%w: the store %T cannot enqueue in the transaction CompleteInTx opens (driver.TxEnqueuer)",
+			errors.ErrUnsupported, d.Coordinator))
+	}
+	return te.EnqueueInTx(ctx, items)
 }

@@ -105,6 +105,7 @@ func allCases() []testCase {
 		outcomeCases(),
 		cancelCases(),
 		txCompleteCases(),
+		txEnqueueCases(),
 		listWorkCases(),
 		pauseCases(),
 		concurrencyCases(),

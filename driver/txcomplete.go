@@ -3,6 +3,8 @@ package driver
 import (
 	"context"
 	"fmt"
+
+	"github.com/google/uuid"
 )
 
 // TxCompleter is the optional capability of stores that can complete a
@@ -35,4 +37,25 @@ func DeliveryFromTx(ctx context.Context) (*Delivery, error) {
 		return nil, fmt.Errorf("%w: ctx carries no driver.Delivery: complete in a transaction from inside a pump handler, with the handler's context", ErrInvalidArgument)
 	}
 	return d, nil
+}
+
+// TxEnqueuer is the optional capability of TxCompleter stores to enqueue
+// items in the transaction CompleteDeliveryInTx opened: a handler's
+// follow-up items (an inbox handler's outbox messages) then commit with
+// its writes and its completion, or not at all, on every driver.
+//
+// EnqueueInTx enqueues items as Enqueue does (same validation, ids in
+// input order), through the transaction CompleteDeliveryInTx put into ctx
+// (fn's context). The items become visible, and their claimers are woken,
+// when that transaction commits; nothing of them stays when it rolls
+// back. A ctx without such a transaction gives NoDeliveryTxError before
+// anything is written.
+type TxEnqueuer interface {
+	EnqueueInTx(ctx context.Context, items []NewWork) ([]uuid.UUID, error)
+}
+
+// NoDeliveryTxError is the error every TxEnqueuer gives for a ctx that
+// carries no transaction of its CompleteDeliveryInTx.
+func NoDeliveryTxError() error {
+	return fmt.Errorf("%w: ctx carries no transaction of CompleteDeliveryInTx: enqueue inside its fn, with fn's context", ErrInvalidArgument)
 }

@@ -10,7 +10,10 @@ import (
 	"github.com/workpump/workpump/driver"
 )
 
-var _ driver.TxCompleter = (*Store)(nil)
+var (
+	_ driver.TxCompleter = (*Store)(nil)
+	_ driver.TxEnqueuer  = (*Store)(nil)
+)
 
 // Tx is the in-memory transaction CompleteDeliveryInTx gives a handler's
 // callback: what a handler would write in its Postgres transaction, a unit
@@ -56,6 +59,17 @@ func (t *Tx) Enqueue(ctx context.Context, items []driver.NewWork) ([]uuid.UUID, 
 	}
 	t.rows = append(t.rows, rows)
 	return ids, nil
+}
+
+// EnqueueInTx enqueues items through the Tx CompleteDeliveryInTx put into
+// ctx (driver.TxEnqueuer): see Tx.Enqueue. A ctx without a Tx of this
+// store gives driver.NoDeliveryTxError.
+func (s *Store) EnqueueInTx(ctx context.Context, items []driver.NewWork) ([]uuid.UUID, error) {
+	tx, ok := TxFrom(ctx)
+	if !ok || tx.s != s {
+		return nil, driver.NoDeliveryTxError()
+	}
+	return tx.Enqueue(ctx, items)
 }
 
 // OnCommit registers f to run when the transaction commits, after the

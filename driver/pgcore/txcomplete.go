@@ -67,7 +67,7 @@ func (c *Core) RunDeliveryTx(ctx context.Context, begin func(context.Context) (T
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if err := fn(txCtx); err != nil {
+	if err := fn(context.WithValue(txCtx, deliveryTxKey{}, tx)); err != nil {
 		return err
 	}
 	if err := c.CompleteDeliveryOn(txCtx, tx); err != nil {
@@ -78,6 +78,21 @@ func (c *Core) RunDeliveryTx(ctx context.Context, begin func(context.Context) (T
 	}
 	committed = true
 	return nil
+}
+
+// deliveryTxKey carries the transaction RunDeliveryTx opened into fn's
+// context, for EnqueueInTx.
+type deliveryTxKey struct{}
+
+// EnqueueInTx enqueues items in the transaction RunDeliveryTx opened for
+// fn, through EnqueueOn (driver.TxEnqueuer). A ctx that is not fn's gives
+// driver.NoDeliveryTxError.
+func (c *Core) EnqueueInTx(ctx context.Context, items []driver.NewWork) ([]uuid.UUID, error) {
+	tx, ok := ctx.Value(deliveryTxKey{}).(Tx)
+	if !ok {
+		return nil, driver.NoDeliveryTxError()
+	}
+	return c.EnqueueOn(ctx, tx, items)
 }
 
 // validateDelivery refuses a malformed delivery before anything begins,
