@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -263,6 +264,7 @@ func inspectorCases() []testCase {
 	return []testCase{
 		{name: "Inspector/StatsCountsEveryState", run: inspectorStats},
 		{name: "Inspector/NowFollowsTheStoreClock", run: inspectorNow},
+		{name: "Inspector/StatsOldestReady", run: inspectorOldestReady},
 	}
 }
 
@@ -286,15 +288,17 @@ func inspectorStats(e *env) {
 		e.t.Fatalf("Stats.Now = %s, want %s", ts(st.Now), ts(e.now()))
 	}
 	want := map[driver.Category]driver.CategoryStats{
-		// Ready counts due rows that are unowned or whose lease expired.
-		driver.Outbox:           {Ready: 2, Scheduled: 1, Leased: 1, Orphaned: 1},
+		// Ready counts due rows that are unowned or whose lease expired;
+		// the oldest of them here is the row whose lease expired a minute
+		// ago.
+		driver.Outbox:           {Ready: 2, Scheduled: 1, Leased: 1, Orphaned: 1, OldestReadyAt: e.now().Add(-time.Minute)},
 		driver.Inbox:            {Processed: 1},
 		driver.PerspectiveEvent: {},
-		driver.Receptor:         {Ready: 1},
+		driver.Receptor:         {Ready: 1, OldestReadyAt: e.now()},
 	}
 	for c, w := range want {
-		if got := st.Categories[c]; got != w {
-			e.t.Fatalf("Stats %s = %+v, want %+v", c, got, w)
+		if got := st.Categories[c]; !sameCategoryStats(got, w) {
+			e.t.Fatalf("Stats %s = %s, want %s", c, catStatsString(got), catStatsString(w))
 		}
 	}
 	if got := st.LeasesByInstance[a]; got[driver.Outbox] != 1 || got[driver.Inbox] != 0 {
@@ -303,6 +307,97 @@ func inspectorStats(e *env) {
 	if st.DeadLetters != 0 || len(st.Instances) != 1 || st.Instances[0].ID != a {
 		e.t.Fatalf("Stats DeadLetters=%d Instances=%v, want 0 and [A]", st.DeadLetters, st.Instances)
 	}
+}
+
+// sameCategoryStats compares two CategoryStats, their times as instants.
+func sameCategoryStats(a, b driver.CategoryStats) bool {
+	at, bt := a.OldestReadyAt, b.OldestReadyAt
+	a.OldestReadyAt, b.OldestReadyAt = time.Time{}, time.Time{}
+	return a == b && at.Equal(bt)
+}
+
+func catStatsString(cs driver.CategoryStats) string {
+	return fmt.Sprintf("{Ready:%d Scheduled:%d Held:%d Leased:%d Orphaned:%d Processed:%d OldestReadyAt:%s}",
+		cs.Ready, cs.Scheduled, cs.Held, cs.Leased, cs.Orphaned, cs.Processed, ts(cs.OldestReadyAt))
+}
+
+// inspectorOldestReady: OldestReadyAt is when the longest-waiting ready row
+// became claimable (a fresh row's enqueue, a due schedule or retry, an
+// expired lease), zero without ready rows, and Lag measures it against
+// Stats.Now; leased, scheduled, held and processed rows never count.
+func inspectorOldestReady(e *env) {
+	a := e.instances(1)[0]
+	t0 := e.now()
+	want := func(what string, c driver.Category, at time.Time) {
+		e.t.Helper()
+		st := e.stats()
+		got := st.Categories[c].OldestReadyAt
+		if !got.Equal(at) {
+			e.t.Fatalf("%s: Stats %s OldestReadyAt = %s, want %s (t0 = %s)", what, c, ts(got), ts(at), ts(t0))
+		}
+		lag := time.Duration(0)
+		if !at.IsZero() {
+			lag = e.now().Sub(at)
+		}
+		if got := st.Lag(c); got != lag {
+			e.t.Fatalf("%s: Stats.Lag(%s) = %v, want %v", what, c, got, lag)
+		}
+	}
+	for _, c := range driver.Categories {
+		want("empty store", c, time.Time{})
+	}
+
+	// Outbox: a fresh row and a row scheduled after it.
+	fresh, sched := item(driver.Outbox, ""), item(driver.Outbox, "")
+	sched.ScheduledFor = t0.Add(90 * time.Second)
+	e.enqueue(fresh, sched)
+	// Inbox: a scheduled row enqueued before a fresh row, due earlier than
+	// the fresh row's enqueue: the waiting row is the older one.
+	early := item(driver.Inbox, "")
+	early.ScheduledFor = t0.Add(10 * time.Second)
+	e.enqueue(early)
+	// Receptor: one fresh row on a stream.
+	e.enqueue(item(driver.Receptor, "s"))
+	e.advance(time.Minute) // t0+1m
+	e.enqueue(item(driver.Inbox, ""))
+	want("fresh row", driver.Outbox, t0)
+	want("schedule due before a fresh row's enqueue", driver.Inbox, t0.Add(10*time.Second))
+	want("fresh receptor row", driver.Receptor, t0)
+	want("no rows", driver.PerspectiveEvent, time.Time{})
+
+	// Leased rows are not ready; the scheduled row is not due yet.
+	res := e.claimReq(driver.ClaimRequest{InstanceID: a, Categories: []driver.Category{driver.Outbox}, Lease: 20 * time.Second, MaxPerCategory: 10})
+	if len(res.Work) != 1 || res.Work[0].ID != fresh.ID {
+		e.t.Fatalf("claim at t0+1m returned %d rows, want the fresh outbox row", len(res.Work))
+	}
+	want("only a leased and a scheduled row", driver.Outbox, time.Time{})
+
+	// t0+2m: the lease expired at t0+1m20s, before the schedule came due
+	// at t0+1m30s.
+	e.advance(time.Minute)
+	want("expired lease before a due schedule", driver.Outbox, t0.Add(80*time.Second))
+
+	// A failure's retry is ready from its retry time on.
+	res = e.claimReq(driver.ClaimRequest{InstanceID: a, Categories: []driver.Category{driver.Outbox}, Lease: time.Hour, MaxPerCategory: 10})
+	if len(res.Work) != 2 {
+		e.t.Fatalf("claim at t0+2m returned %d rows, want the orphaned and the scheduled row", len(res.Work))
+	}
+	var retried, done driver.Work
+	for _, w := range res.Work {
+		if w.ID == fresh.ID {
+			retried = w
+		} else {
+			done = w
+		}
+	}
+	e.completeAll(a, []driver.Work{done})
+	f := driver.Failure{Ref: retried.Ref(), Error: "again", RetryAfter: 30 * time.Second}
+	if r := e.fail(failReq(a, f)); r.Applied != 1 {
+		e.t.Fatalf("Fail applied %d, want 1", r.Applied)
+	}
+	want("retry not due", driver.Outbox, time.Time{})
+	e.advance(45 * time.Second) // t0+2m45s
+	want("retry due", driver.Outbox, t0.Add(150*time.Second))
 }
 
 func inspectorNow(e *env) {

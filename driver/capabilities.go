@@ -206,6 +206,17 @@ type CategoryStats struct {
 	Leased    int // leased with an unexpired lease
 	Orphaned  int // leased with an expired lease
 	Processed int // kept processed rows
+	// OldestReadyAt is when the ready row that has waited longest became
+	// claimable: its lease expiry for a row whose lease expired, else its
+	// ScheduledFor when it has one, else its CreatedAt (a released row
+	// keeps its enqueue time). Zero when no row is ready. It is the
+	// store's clock, like Stats.Now; Stats.Lag is the difference. Stores
+	// read it from the claim's own order: Postgres takes the first unleased
+	// unscheduled row in Seq order and the earliest due schedule or
+	// expired lease, so when enqueue transactions overlap, a fresh row's
+	// CreatedAt may be later than that of a row committed after it by up
+	// to the overlap.
+	OldestReadyAt time.Time
 }
 
 // Stats is the Inspector's summary.
@@ -216,6 +227,17 @@ type Stats struct {
 	Instances   []InstanceState
 	// LeasesByInstance counts unexpired leases per instance and category.
 	LeasesByInstance map[uuid.UUID]map[Category]int
+}
+
+// Lag returns how long category c's oldest ready row has waited since it
+// became claimable (CategoryStats.OldestReadyAt) at s.Now: zero when none
+// is ready, and never negative.
+func (s Stats) Lag(c Category) time.Duration {
+	at := s.Categories[c].OldestReadyAt
+	if at.IsZero() || !s.Now.After(at) {
+		return 0
+	}
+	return s.Now.Sub(at)
 }
 
 // Inspector is the optional capability to read the store's state: used by

@@ -9,6 +9,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/workpump/workpump"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/memdriver"
@@ -103,6 +105,70 @@ func TestGauges(t *testing.T) {
 		m = r.collect(t)
 		if _, ok := m["workpump.backlog.items"]; ok {
 			t.Error("backlog still reported after Close")
+		}
+	})
+}
+
+// TestOldestReadyAgeGauge: each category's oldest ready item's age, as of
+// the Inspector's last read and on the store's clock; 0 for a category
+// with nothing ready, and again once the item ran.
+func TestOldestReadyAgeGauge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memdriver.New(memdriver.Options{})
+		r := newRig(t, otelworkpump.Options{Inspector: s, BacklogInterval: 10 * time.Second})
+		p, err := workpump.New(s, r.tel.Instrument(pumpOptions()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = p.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil })
+		enqueue(t, s, driver.NewWork{Category: workpump.Outbox, Name: "old"})
+		time.Sleep(2 * time.Second)
+		enqueue(t, s,
+			driver.NewWork{Category: workpump.Outbox, Name: "young"},
+			driver.NewWork{Category: workpump.Inbox, Name: "due-soon", ScheduledFor: time.Now().Add(time.Second)},
+			driver.NewWork{Category: workpump.Receptor, Name: "not-due", ScheduledFor: time.Now().Add(time.Hour)},
+		)
+		time.Sleep(3 * time.Second)
+		if err := r.tel.Observe(p); err != nil {
+			t.Fatal(err)
+		}
+		defer r.tel.Close()
+		synctest.Wait() // the first read, 5s after the first enqueue
+		age := func(c string) float64 {
+			t.Helper()
+			v, ok := r.collect(t).float(t, "workpump.backlog.oldest_ready_age", set(cat.String(c)))
+			if !ok {
+				t.Fatalf("no oldest_ready_age point for %s", c)
+			}
+			return v
+		}
+		want := map[string]float64{"outbox": 5, "inbox": 2, "perspective_event": 0, "receptor": 0}
+		for c, w := range want {
+			if got := age(c); got != w {
+				t.Errorf("first read: oldest_ready_age %s = %vs, want %vs", c, got, w)
+			}
+		}
+		if n := len(r.collect(t)["workpump.backlog.oldest_ready_age"].Data.(metricdata.Gauge[float64]).DataPoints); n != 4 {
+			t.Errorf("%d oldest_ready_age points, want one per category", n)
+		}
+		time.Sleep(4 * time.Second)
+		if got := age("outbox"); got != 5 {
+			t.Errorf("between reads: outbox age %vs, want the last read's 5s", got)
+		}
+		time.Sleep(6 * time.Second) // the second read, at 15s
+		synctest.Wait()
+		if got := age("outbox"); got != 15 {
+			t.Errorf("second read: outbox age %vs, want 15s", got)
+		}
+		if err := p.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		defer stop(t, p)
+		synctest.Wait()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if got, inbox := age("outbox"), age("inbox"); got != 0 || inbox != 22 {
+			t.Errorf("after the outbox ran: outbox age %vs, inbox %vs; want 0 and 22s (no inbox handler)", got, inbox)
 		}
 	})
 }

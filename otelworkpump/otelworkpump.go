@@ -36,7 +36,11 @@
 // not finished) and workpump.gate.available (1 or 0; not reported while the
 // pump has no listener). From the Inspector, polled every BacklogInterval:
 // workpump.backlog.items ({item}; workpump.category and workpump.state:
-// ready, scheduled, held, leased, orphaned) and workpump.dead_letters
+// ready, scheduled, held, leased, orphaned),
+// workpump.backlog.oldest_ready_age (s; workpump.category: how long the
+// category's oldest ready item has waited since it became claimable, see
+// driver.CategoryStats.OldestReadyAt, 0 when none is ready; as of the
+// Inspector's read, on the store's clock) and workpump.dead_letters
 // ({item}, all categories: the Inspector counts them in total only).
 package otelworkpump
 
@@ -134,6 +138,7 @@ type Telemetry struct {
 	claimed, completed, failed, dead, snoozed, leaseLost, overruns metric.Int64Counter
 	handlerDur, pickup, claimDur                                   metric.Float64Histogram
 	inFlight, gate, backlog, deadLetters                           metric.Int64ObservableGauge
+	oldestReady                                                    metric.Float64ObservableGauge
 
 	attrs attrCache
 
@@ -204,6 +209,10 @@ func New(o Options) (*Telemetry, error) {
 	t.gate = gauge("workpump.gate.available", "1", "1 while the signal listener is connected, else 0.")
 	t.backlog = gauge("workpump.backlog.items", "{item}", "Unprocessed items per category and state, from the Inspector.")
 	t.deadLetters = gauge("workpump.dead_letters", "{item}", "Dead letters of all categories, from the Inspector.")
+	var err error
+	t.oldestReady, err = t.meter.Float64ObservableGauge("workpump.backlog.oldest_ready_age", metric.WithUnit("s"),
+		metric.WithDescription("Time the oldest ready item of a category has waited since it became claimable, from the Inspector."))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("otelworkpump: creating instruments: %w", err)
 	}
@@ -276,7 +285,7 @@ func (t *Telemetry) Observe(p *workpump.Pump) error {
 	case t.pump != nil:
 		return fmt.Errorf("otelworkpump: Observe: %w: a pump is observed already (one Telemetry per pump)", driver.ErrInvalidArgument)
 	}
-	reg, err := t.meter.RegisterCallback(t.observe, t.inFlight, t.gate, t.backlog, t.deadLetters)
+	reg, err := t.meter.RegisterCallback(t.observe, t.inFlight, t.gate, t.backlog, t.deadLetters, t.oldestReady)
 	if err != nil {
 		return fmt.Errorf("otelworkpump: Observe: %w", err)
 	}
@@ -362,6 +371,7 @@ func (t *Telemetry) observe(_ context.Context, o metric.Observer) error {
 		for i, n := range [...]int{cs.Ready, cs.Scheduled, cs.Held, cs.Leased, cs.Orphaned} {
 			o.ObserveInt64(t.backlog, int64(n), t.attrs.state(c, states[i]))
 		}
+		o.ObserveFloat64(t.oldestReady, snap.stats.Lag(c).Seconds(), t.attrs.category(c))
 	}
 	o.ObserveInt64(t.deadLetters, int64(snap.stats.DeadLetters))
 	return nil

@@ -109,6 +109,26 @@ func (m metrics) int(t *testing.T, name string, attrs attribute.Set) (int64, boo
 	return 0, false
 }
 
+// float returns a float64 gauge's value at attrs; ok false when there is
+// no such point.
+func (m metrics) float(t *testing.T, name string, attrs attribute.Set) (float64, bool) {
+	t.Helper()
+	md, found := m[name]
+	if !found {
+		return 0, false
+	}
+	g, ok := md.Data.(metricdata.Gauge[float64])
+	if !ok {
+		t.Fatalf("%s: data %T, want float64 gauge", name, md.Data)
+	}
+	for _, p := range g.DataPoints {
+		if p.Attributes.Equals(&attrs) {
+			return p.Value, true
+		}
+	}
+	return 0, false
+}
+
 func (m metrics) hist(t *testing.T, name string, attrs attribute.Set) (metricdata.HistogramDataPoint[float64], bool) {
 	t.Helper()
 	md, found := m[name]

@@ -57,6 +57,11 @@ type statusBacklog struct {
 	Orphaned  int `json:"orphaned"`
 	Processed int `json:"processed"`
 	Held      int `json:"held"` // dead letters holding their streams
+	// LagSecs is how long the oldest ready item has waited since it
+	// became claimable, on the database's clock (0 when none is ready);
+	// OldestReadyAt is that moment, absent when none is ready.
+	LagSecs       float64    `json:"lag_seconds"`
+	OldestReadyAt *time.Time `json:"oldest_ready_at,omitempty"`
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -199,9 +204,23 @@ func buildStatus(schema string, st driver.Stats) statusReport {
 	}
 	for _, c := range driver.Categories {
 		cs := st.Categories[c]
-		rep.Backlog[string(c)] = statusBacklog{Ready: cs.Ready, Scheduled: cs.Scheduled, Leased: cs.Leased, Orphaned: cs.Orphaned, Processed: cs.Processed, Held: cs.Held}
+		b := statusBacklog{Ready: cs.Ready, Scheduled: cs.Scheduled, Leased: cs.Leased, Orphaned: cs.Orphaned, Processed: cs.Processed, Held: cs.Held,
+			LagSecs: st.Lag(c).Seconds()}
+		if at := cs.OldestReadyAt; !at.IsZero() {
+			b.OldestReadyAt = &at
+		}
+		rep.Backlog[string(c)] = b
 	}
 	return rep
+}
+
+// lagText shows a category's lag: "-" with nothing ready, else the age of
+// its oldest ready item, to the millisecond.
+func lagText(b statusBacklog) string {
+	if b.OldestReadyAt == nil {
+		return "-"
+	}
+	return (time.Duration(b.LagSecs * float64(time.Second))).Round(time.Millisecond).String()
 }
 
 func printStatus(w io.Writer, rep statusReport) {
@@ -241,12 +260,12 @@ func printStatus(w io.Writer, rep statusReport) {
 		fmt.Fprintf(w, "  %s  %-16s %s pid %d  heartbeat %.1fs ago  alive-lock %s  leases:%s\n",
 			in.ID, in.Service, in.Host, in.PID, in.LastHeartbeatAgeSec, lock, leases)
 	}
-	fmt.Fprintf(w, "\nbacklog            ready  scheduled  leased  orphaned  processed  held\n")
+	fmt.Fprintf(w, "\nbacklog            ready  scheduled  leased  orphaned  processed  held  lag\n")
 	held := 0
 	for _, c := range driver.Categories {
 		b := rep.Backlog[string(c)]
 		held += b.Held
-		fmt.Fprintf(w, "  %-17s %6d %10d %7d %9d %10d %5d\n", c, b.Ready, b.Scheduled, b.Leased, b.Orphaned, b.Processed, b.Held)
+		fmt.Fprintf(w, "  %-17s %6d %10d %7d %9d %10d %5d  %s\n", c, b.Ready, b.Scheduled, b.Leased, b.Orphaned, b.Processed, b.Held, lagText(b))
 	}
 	if len(rep.Paused) > 0 {
 		fmt.Fprintf(w, "\npaused (workpump resume ends a pause):\n")

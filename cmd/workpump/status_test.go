@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -47,5 +48,57 @@ func TestStatusShowsLockLoss(t *testing.T) {
 	}
 	if !strings.Contains(healthyLine, "alive-lock held ") || strings.Contains(healthyLine, "missing") {
 		t.Fatalf("healthy instance line %q", healthyLine)
+	}
+}
+
+// TestStatusShowsLag: each category's lag is its oldest ready item's age at
+// the store's now, in the text and in the JSON; a category with nothing
+// ready shows none.
+func TestStatusShowsLag(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	st := driver.Stats{Now: now, Categories: map[driver.Category]driver.CategoryStats{
+		driver.Outbox: {Ready: 3, Leased: 1, OldestReadyAt: now.Add(-90*time.Second - 250*time.Millisecond)},
+		driver.Inbox:  {Scheduled: 2},
+	}}
+	rep := buildStatus("workpump", st)
+	if b := rep.Backlog["outbox"]; b.LagSecs != 90.25 || b.OldestReadyAt == nil || !b.OldestReadyAt.Equal(now.Add(-90250*time.Millisecond)) {
+		t.Fatalf("outbox backlog = %+v, want lag 90.25s since now-90.25s", b)
+	}
+	if b := rep.Backlog["inbox"]; b.LagSecs != 0 || b.OldestReadyAt != nil {
+		t.Fatalf("inbox backlog = %+v, want no lag (nothing ready)", b)
+	}
+	js, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Backlog map[string]map[string]any `json:"backlog"`
+	}
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatal(err)
+	}
+	if o := back.Backlog["outbox"]; o["lag_seconds"] != 90.25 || o["oldest_ready_at"] != "2026-12-02T11:58:29.75Z" {
+		t.Fatalf("outbox JSON %v, want lag_seconds 90.25 and oldest_ready_at 2026-12-02T11:58:29.75Z", o)
+	}
+	if i := back.Backlog["inbox"]; i["lag_seconds"] != 0.0 || i["oldest_ready_at"] != nil {
+		t.Fatalf("inbox JSON %v, want lag_seconds 0 and no oldest_ready_at", i)
+	}
+	var b bytes.Buffer
+	printStatus(&b, rep)
+	var outbox, inbox string
+	for _, l := range strings.Split(b.String(), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			continue
+		}
+		switch f[0] {
+		case "outbox":
+			outbox = l
+		case "inbox":
+			inbox = l
+		}
+	}
+	if !strings.Contains(b.String(), "held  lag\n") || !strings.HasSuffix(outbox, "  1m30.25s") || !strings.HasSuffix(inbox, "  -") {
+		t.Fatalf("status text lacks the lag column (outbox %q, inbox %q):\n%s", outbox, inbox, b.String())
 	}
 }

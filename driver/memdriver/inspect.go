@@ -151,11 +151,26 @@ func (s *Store) Stats(ctx context.Context) (driver.Stats, error) {
 				cs.Scheduled++
 			} else if !leased || expired {
 				cs.Ready++
+				if at := readySince(r, expired); cs.OldestReadyAt.IsZero() || at.Before(cs.OldestReadyAt) {
+					cs.OldestReadyAt = at
+				}
 			}
 		}
 		st.Categories[c.cat] = cs
 	}
 	return st, nil
+}
+
+// readySince is when a ready row became claimable, as
+// driver.CategoryStats.OldestReadyAt defines it.
+func readySince(r *row, expired bool) time.Time {
+	switch {
+	case expired:
+		return r.w.LeaseExpiry
+	case !r.w.ScheduledFor.IsZero():
+		return r.w.ScheduledFor
+	}
+	return r.w.CreatedAt
 }
 
 // Now returns the store's clock (at microsecond precision).

@@ -161,6 +161,7 @@ type statements struct {
 	actDead, statsHeld, heldStreams, cancel        string
 	pause, resume, paused                          string
 	stats, statsLeases, deadCount, version, counts string
+	oldestReady                                    string
 	functions                                      string // migrations.FunctionsSQL
 	copyInto                                       copyStatements
 	gated                                          claimTexts // nil: claims use claim
@@ -206,6 +207,7 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 		paused:         callPaused.sql(schema, ph),
 		counts:         callPartitionCount.sql(schema, ph),
 		deadCount:      `SELECT count(*) FROM ` + s + `.wp_dead_letters`,
+		oldestReady:    oldestReadySQL(schema, ph),
 		version:        `SELECT max(version) FROM ` + s + `.` + migrations.VersionTable,
 		pollBegin:      "SELECT pg_try_advisory_lock(" + key("polling") + ")",
 		pollStop:       "SELECT pg_advisory_unlock(" + key("polling") + ")",

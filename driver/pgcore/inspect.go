@@ -5,10 +5,12 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/migrations"
 )
 
 // GetWork returns a row, processed inbox rows included. Work.Orphaned is
@@ -183,6 +185,29 @@ func (c *Core) Stats(ctx context.Context) (driver.Stats, error) {
 	}); err != nil {
 		return driver.Stats{}, err
 	}
+	if err := c.each(ctx, "Stats", c.sql.oldestReady, oldestReadyArgs(now), func(rows Rows) error {
+		var (
+			cat          string
+			fresh, waits sql.NullTime
+		)
+		if err := rows.Scan(&cat, &fresh, &waits); err != nil {
+			return err
+		}
+		at := nullTime(fresh)
+		if w := nullTime(waits); !w.IsZero() && (at.IsZero() || w.Before(at)) {
+			at = w
+		}
+		cs := st.Categories[driver.Category(cat)]
+		if cs.Ready > 0 {
+			// A row that became ready between the two statements is
+			// left for the next Stats: the age belongs to the counts.
+			cs.OldestReadyAt = at
+		}
+		st.Categories[driver.Category(cat)] = cs
+		return nil
+	}); err != nil {
+		return driver.Stats{}, err
+	}
 	var dead int64
 	if _, err := queryRow(ctx, c.db, c.sql.deadCount, nil, &dead); err != nil {
 		return driver.Stats{}, c.mapError("Stats", err)
@@ -226,4 +251,56 @@ func (c *Core) Now(ctx context.Context) (time.Time, error) {
 		return time.Time{}, c.mapError("Now", err)
 	}
 	return t.UTC(), nil
+}
+
+// oldestReadySQL renders the statement behind CategoryStats.OldestReadyAt:
+// per category, the CreatedAt of the first fresh row (unleased,
+// unscheduled) in Seq order and the earliest wake time (schedule, or lease
+// expiry for a leased row) of a waiting row that is ready at $1. Each is an
+// ordered LIMIT 1 on the key of the _fresh or _wake partial index with
+// that index's predicate, the probes a claim's idle check makes
+// (migrations.ClaimableSQL), so the cost does not grow with the backlog.
+// The waiting probe's last two conditions (a lease counts as expired only
+// strictly before now, as wp_stats counts it; a leased row is not ready
+// before its schedule) are tested on the rows the index returns, and hold
+// for the first of them but in the rarest states.
+//
+// Each use of now is a placeholder of its own (oldestReadyArgs repeats the
+// value): clients that interpolate "?" consume one argument per mark.
+func oldestReadySQL(schema string, ph func(int) string) string {
+	n := 0
+	now := func() string { n++; return ph(n) + "::timestamptz" }
+	wake := "(CASE WHEN t.instance_id IS NULL THEN t.scheduled_for ELSE t.lease_expiry END)"
+	var b strings.Builder
+	for i, cat := range driver.Categories {
+		done := "processed_at"
+		if cat == driver.Receptor {
+			done = "completed_at" // as in ListWork
+		}
+		table := `"` + schema + `".` + migrations.Table(string(cat)) + " t"
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString("SELECT '" + string(cat) + "'::text," +
+			" (SELECT t.created_at FROM " + table +
+			" WHERE t." + done + " IS NULL AND t.instance_id IS NULL AND t.scheduled_for IS NULL" +
+			" ORDER BY t.seq LIMIT 1)," +
+			" (SELECT " + wake + " FROM " + table +
+			" WHERE t." + done + " IS NULL AND (t.instance_id IS NOT NULL OR t.scheduled_for IS NOT NULL)" +
+			" AND " + wake + " <= " + now() +
+			" AND (t.instance_id IS NULL OR t.lease_expiry < " + now() + ")" +
+			" AND (t.scheduled_for IS NULL OR t.scheduled_for <= " + now() + ")" +
+			" ORDER BY " + wake + " LIMIT 1)")
+	}
+	return b.String()
+}
+
+// oldestReadyArgs returns the arguments of oldestReadySQL: now, once per
+// placeholder.
+func oldestReadyArgs(now time.Time) []any {
+	args := make([]any, 3*len(driver.Categories))
+	for i := range args {
+		args[i] = now
+	}
+	return args
 }
