@@ -362,8 +362,8 @@ func failDeadLetter(e *env) {
 		e.t.Fatalf("dead letter error=%q attempts=%d at=%s, want %q, 2, %s", d.Error, d.Attempts, ts(d.DeadLetteredAt), "second and last", ts(e.now()))
 	}
 	st := e.stats()
-	if st.DeadLetters != 1 || st.Categories[driver.Outbox] != (driver.CategoryStats{}) {
-		e.t.Fatalf("Stats after dead-lettering: DeadLetters=%d outbox=%+v, want 1 and zero", st.DeadLetters, st.Categories[driver.Outbox])
+	if st.DeadLetters != 1 || st.Categories[driver.Outbox] != (driver.CategoryStats{DeadLetters: 1}) {
+		e.t.Fatalf("Stats after dead-lettering: DeadLetters=%d outbox=%+v, want 1 and only the dead letter", st.DeadLetters, st.Categories[driver.Outbox])
 	}
 	e.advance(time.Hour)
 	e.register(a)

@@ -265,6 +265,7 @@ func inspectorCases() []testCase {
 		{name: "Inspector/StatsCountsEveryState", run: inspectorStats},
 		{name: "Inspector/NowFollowsTheStoreClock", run: inspectorNow},
 		{name: "Inspector/StatsOldestReady", run: inspectorOldestReady},
+		{name: "Inspector/StatsDeadLettersPerCategory", run: inspectorDeadPerCategory},
 	}
 }
 
@@ -314,6 +315,47 @@ func sameCategoryStats(a, b driver.CategoryStats) bool {
 	at, bt := a.OldestReadyAt, b.OldestReadyAt
 	a.OldestReadyAt, b.OldestReadyAt = time.Time{}, time.Time{}
 	return a == b && at.Equal(bt)
+}
+
+// inspectorDeadPerCategory: Stats counts each category's dead letters, a
+// held one (which stays in its table) included, and their total; a retried
+// dead letter stays recorded until purged, like the total.
+func inspectorDeadPerCategory(e *env) {
+	a := e.instances(1)[0]
+	held := items(driver.Inbox, "held", 2)
+	e.enqueue(item(driver.Outbox, ""), item(driver.Outbox, ""), item(driver.Receptor, ""), item(driver.PerspectiveEvent, ""))
+	e.enqueue(held...)
+	res := e.claim(a)
+	var fs []driver.Failure
+	for _, w := range res.Work {
+		switch {
+		case w.Category == driver.PerspectiveEvent, w.ID == held[1].ID:
+			continue // stays leased
+		case w.ID == held[0].ID:
+			fs = append(fs, driver.Failure{Ref: w.Ref(), Error: "hold", Permanent: true, HoldStream: true})
+		default:
+			fs = append(fs, driver.Failure{Ref: w.Ref(), Error: "dead", Permanent: true})
+		}
+	}
+	if len(fs) != 4 {
+		e.t.Fatalf("claim returned %d rows to dead-letter, want 4 (two outbox, a receptor, the inbox stream's head)", len(fs))
+	}
+	if r := e.fail(failReq(a, fs...)); r.Applied != 4 || len(r.DeadLettered) != 4 {
+		e.t.Fatalf("Fail: Applied=%d DeadLettered=%d, want 4 and 4", r.Applied, len(r.DeadLettered))
+	}
+	st := e.stats()
+	want := map[driver.Category]int{driver.Outbox: 2, driver.Inbox: 1, driver.PerspectiveEvent: 0, driver.Receptor: 1}
+	for c, n := range want {
+		if got := st.Categories[c].DeadLetters; got != n {
+			e.t.Fatalf("Stats %s DeadLetters = %d, want %d", c, got, n)
+		}
+	}
+	if cs := st.Categories[driver.Inbox]; cs.Held != 1 {
+		e.t.Fatalf("Stats inbox Held = %d, want 1 (the held dead letter is counted in both)", cs.Held)
+	}
+	if st.DeadLetters != 4 {
+		e.t.Fatalf("Stats.DeadLetters = %d, want 4, the categories' sum", st.DeadLetters)
+	}
 }
 
 func catStatsString(cs driver.CategoryStats) string {

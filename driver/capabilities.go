@@ -217,6 +217,9 @@ type CategoryStats struct {
 	// CreatedAt may be later than that of a row committed after it by up
 	// to the overlap.
 	OldestReadyAt time.Time
+	// DeadLetters counts the category's dead letters, those holding their
+	// streams (Held) included; Stats.DeadLetters is their sum.
+	DeadLetters int
 }
 
 // Stats is the Inspector's summary.

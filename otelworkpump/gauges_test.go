@@ -58,8 +58,11 @@ func TestGauges(t *testing.T) {
 		if got := []int64{backlog(m, "outbox", "ready"), backlog(m, "outbox", "scheduled"), backlog(m, "inbox", "ready"), backlog(m, "outbox", "leased")}; got[0] != 2 || got[1] != 1 || got[2] != 1 || got[3] != 0 {
 			t.Errorf("before Start: outbox ready, scheduled, inbox ready, outbox leased = %v, want [2 1 1 0]", got)
 		}
-		if n := len(m.attrSets("workpump.backlog.items")); n != 4*5 {
-			t.Errorf("%d backlog points, want 20 (4 categories x 5 states)", n)
+		if n := len(m.attrSets("workpump.backlog.items")); n != 4*6 {
+			t.Errorf("%d backlog points, want 24 (4 categories x 6 states)", n)
+		}
+		if v := backlog(m, "outbox", "dead"); v != 0 {
+			t.Errorf("outbox dead before Start = %d, want 0", v)
 		}
 		if v, _ := m.int(t, "workpump.items.in_flight", set()); v != 0 {
 			t.Errorf("in_flight before Start %d, want 0", v)
@@ -96,6 +99,9 @@ func TestGauges(t *testing.T) {
 		}
 		if v, ok := m.int(t, "workpump.dead_letters", set()); !ok || v != 1 {
 			t.Errorf("dead_letters %d (found %v), want 1", v, ok)
+		}
+		if got := []int64{backlog(m, "outbox", "dead"), backlog(m, "inbox", "dead")}; got[0] != 1 || got[1] != 0 {
+			t.Errorf("dead per category: outbox, inbox = %v, want [1 0]", got)
 		}
 		close(release)
 		stop(t, p)

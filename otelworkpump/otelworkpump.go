@@ -36,12 +36,13 @@
 // not finished) and workpump.gate.available (1 or 0; not reported while the
 // pump has no listener). From the Inspector, polled every BacklogInterval:
 // workpump.backlog.items ({item}; workpump.category and workpump.state:
-// ready, scheduled, held, leased, orphaned),
+// ready, scheduled, held, leased, orphaned, and dead: the category's dead
+// letters, held ones included),
 // workpump.backlog.oldest_ready_age (s; workpump.category: how long the
 // category's oldest ready item has waited since it became claimable, see
 // driver.CategoryStats.OldestReadyAt, 0 when none is ready; as of the
 // Inspector's read, on the store's clock) and workpump.dead_letters
-// ({item}, all categories: the Inspector counts them in total only).
+// ({item}, all categories).
 package otelworkpump
 
 import (
@@ -207,7 +208,7 @@ func New(o Options) (*Telemetry, error) {
 	t.claimDur = hist("workpump.claim.duration", "Duration of claim round trips.")
 	t.inFlight = gauge("workpump.items.in_flight", "{item}", "Claimed items not yet finished.")
 	t.gate = gauge("workpump.gate.available", "1", "1 while the signal listener is connected, else 0.")
-	t.backlog = gauge("workpump.backlog.items", "{item}", "Unprocessed items per category and state, from the Inspector.")
+	t.backlog = gauge("workpump.backlog.items", "{item}", "Unprocessed items and dead letters per category and state, from the Inspector.")
 	t.deadLetters = gauge("workpump.dead_letters", "{item}", "Dead letters of all categories, from the Inspector.")
 	var err error
 	t.oldestReady, err = t.meter.Float64ObservableGauge("workpump.backlog.oldest_ready_age", metric.WithUnit("s"),
@@ -347,7 +348,7 @@ func (t *Telemetry) poll(ctx context.Context) {
 }
 
 // states are the backlog states in a fixed order, for stable output.
-var states = [...]string{"ready", "scheduled", "held", "leased", "orphaned"}
+var states = [...]string{"ready", "scheduled", "held", "leased", "orphaned", "dead"}
 
 func (t *Telemetry) observe(_ context.Context, o metric.Observer) error {
 	t.mu.Lock()
@@ -368,7 +369,7 @@ func (t *Telemetry) observe(_ context.Context, o metric.Observer) error {
 	}
 	for _, c := range driver.Categories {
 		cs := snap.stats.Categories[c]
-		for i, n := range [...]int{cs.Ready, cs.Scheduled, cs.Held, cs.Leased, cs.Orphaned} {
+		for i, n := range [...]int{cs.Ready, cs.Scheduled, cs.Held, cs.Leased, cs.Orphaned, cs.DeadLetters} {
 			o.ObserveInt64(t.backlog, int64(n), t.attrs.state(c, states[i]))
 		}
 		o.ObserveFloat64(t.oldestReady, snap.stats.Lag(c).Seconds(), t.attrs.category(c))

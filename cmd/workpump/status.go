@@ -57,6 +57,7 @@ type statusBacklog struct {
 	Orphaned  int `json:"orphaned"`
 	Processed int `json:"processed"`
 	Held      int `json:"held"` // dead letters holding their streams
+	Dead      int `json:"dead"` // the category's dead letters, held ones included
 	// LagSecs is how long the oldest ready item has waited since it
 	// became claimable, on the database's clock (0 when none is ready);
 	// OldestReadyAt is that moment, absent when none is ready.
@@ -204,7 +205,7 @@ func buildStatus(schema string, st driver.Stats) statusReport {
 	}
 	for _, c := range driver.Categories {
 		cs := st.Categories[c]
-		b := statusBacklog{Ready: cs.Ready, Scheduled: cs.Scheduled, Leased: cs.Leased, Orphaned: cs.Orphaned, Processed: cs.Processed, Held: cs.Held,
+		b := statusBacklog{Ready: cs.Ready, Scheduled: cs.Scheduled, Leased: cs.Leased, Orphaned: cs.Orphaned, Processed: cs.Processed, Held: cs.Held, Dead: cs.DeadLetters,
 			LagSecs: st.Lag(c).Seconds()}
 		if at := cs.OldestReadyAt; !at.IsZero() {
 			b.OldestReadyAt = &at
@@ -260,12 +261,12 @@ func printStatus(w io.Writer, rep statusReport) {
 		fmt.Fprintf(w, "  %s  %-16s %s pid %d  heartbeat %.1fs ago  alive-lock %s  leases:%s\n",
 			in.ID, in.Service, in.Host, in.PID, in.LastHeartbeatAgeSec, lock, leases)
 	}
-	fmt.Fprintf(w, "\nbacklog            ready  scheduled  leased  orphaned  processed  held  lag\n")
+	fmt.Fprintf(w, "\nbacklog            ready  scheduled  leased  orphaned  processed  held  dead  lag\n")
 	held := 0
 	for _, c := range driver.Categories {
 		b := rep.Backlog[string(c)]
 		held += b.Held
-		fmt.Fprintf(w, "  %-17s %6d %10d %7d %9d %10d %5d  %s\n", c, b.Ready, b.Scheduled, b.Leased, b.Orphaned, b.Processed, b.Held, lagText(b))
+		fmt.Fprintf(w, "  %-17s %6d %10d %7d %9d %10d %5d %5d  %s\n", c, b.Ready, b.Scheduled, b.Leased, b.Orphaned, b.Processed, b.Held, b.Dead, lagText(b))
 	}
 	if len(rep.Paused) > 0 {
 		fmt.Fprintf(w, "\npaused (workpump resume ends a pause):\n")

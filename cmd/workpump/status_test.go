@@ -53,19 +53,19 @@ func TestStatusShowsLockLoss(t *testing.T) {
 
 // TestStatusShowsLag: each category's lag is its oldest ready item's age at
 // the store's now, in the text and in the JSON; a category with nothing
-// ready shows none.
+// ready shows none. Dead letters are shown per category.
 func TestStatusShowsLag(t *testing.T) {
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	st := driver.Stats{Now: now, Categories: map[driver.Category]driver.CategoryStats{
 		driver.Outbox: {Ready: 3, Leased: 1, OldestReadyAt: now.Add(-90*time.Second - 250*time.Millisecond)},
-		driver.Inbox:  {Scheduled: 2},
-	}}
+		driver.Inbox:  {Scheduled: 2, Held: 1, DeadLetters: 3},
+	}, DeadLetters: 3}
 	rep := buildStatus("workpump", st)
 	if b := rep.Backlog["outbox"]; b.LagSecs != 90.25 || b.OldestReadyAt == nil || !b.OldestReadyAt.Equal(now.Add(-90250*time.Millisecond)) {
 		t.Fatalf("outbox backlog = %+v, want lag 90.25s since now-90.25s", b)
 	}
-	if b := rep.Backlog["inbox"]; b.LagSecs != 0 || b.OldestReadyAt != nil {
-		t.Fatalf("inbox backlog = %+v, want no lag (nothing ready)", b)
+	if b := rep.Backlog["inbox"]; b.LagSecs != 0 || b.OldestReadyAt != nil || b.Dead != 3 || b.Held != 1 {
+		t.Fatalf("inbox backlog = %+v, want no lag (nothing ready), 3 dead letters, 1 held", b)
 	}
 	js, err := json.Marshal(rep)
 	if err != nil {
@@ -80,8 +80,8 @@ func TestStatusShowsLag(t *testing.T) {
 	if o := back.Backlog["outbox"]; o["lag_seconds"] != 90.25 || o["oldest_ready_at"] != "2026-12-02T11:58:29.75Z" {
 		t.Fatalf("outbox JSON %v, want lag_seconds 90.25 and oldest_ready_at 2026-12-02T11:58:29.75Z", o)
 	}
-	if i := back.Backlog["inbox"]; i["lag_seconds"] != 0.0 || i["oldest_ready_at"] != nil {
-		t.Fatalf("inbox JSON %v, want lag_seconds 0 and no oldest_ready_at", i)
+	if i := back.Backlog["inbox"]; i["lag_seconds"] != 0.0 || i["oldest_ready_at"] != nil || i["dead"] != 3.0 {
+		t.Fatalf("inbox JSON %v, want lag_seconds 0, no oldest_ready_at, dead 3", i)
 	}
 	var b bytes.Buffer
 	printStatus(&b, rep)
@@ -98,7 +98,7 @@ func TestStatusShowsLag(t *testing.T) {
 			inbox = l
 		}
 	}
-	if !strings.Contains(b.String(), "held  lag\n") || !strings.HasSuffix(outbox, "  1m30.25s") || !strings.HasSuffix(inbox, "  -") {
+	if !strings.Contains(b.String(), "held  dead  lag\n") || !strings.HasSuffix(outbox, " 0  1m30.25s") || !strings.HasSuffix(inbox, " 1     3  -") {
 		t.Fatalf("status text lacks the lag column (outbox %q, inbox %q):\n%s", outbox, inbox, b.String())
 	}
 }

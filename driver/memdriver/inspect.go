@@ -158,6 +158,11 @@ func (s *Store) Stats(ctx context.Context) (driver.Stats, error) {
 		}
 		st.Categories[c.cat] = cs
 	}
+	for _, dl := range s.deadLetters {
+		cs := st.Categories[dl.Category]
+		cs.DeadLetters++
+		st.Categories[dl.Category] = cs
+	}
 	return st, nil
 }
 

@@ -208,11 +208,22 @@ func (c *Core) Stats(ctx context.Context) (driver.Stats, error) {
 	}); err != nil {
 		return driver.Stats{}, err
 	}
-	var dead int64
-	if _, err := queryRow(ctx, c.db, c.sql.deadCount, nil, &dead); err != nil {
-		return driver.Stats{}, c.mapError("Stats", err)
+	if err := c.each(ctx, "Stats", c.sql.deadByCategory, nil, func(rows Rows) error {
+		var (
+			cat string
+			n   int64
+		)
+		if err := rows.Scan(&cat, &n); err != nil {
+			return err
+		}
+		cs := st.Categories[driver.Category(cat)]
+		cs.DeadLetters = int(n)
+		st.Categories[driver.Category(cat)] = cs
+		st.DeadLetters += int(n)
+		return nil
+	}); err != nil {
+		return driver.Stats{}, err
 	}
-	st.DeadLetters = int(dead)
 	if st.Instances, err = c.ListInstances(ctx); err != nil {
 		return driver.Stats{}, err
 	}
