@@ -40,6 +40,8 @@ type demoConfig struct {
 	handlerTime               time.Duration
 	timeout                   time.Duration
 	databaseURL, schema       string
+	ui                        bool   // serve the dashboard and keep going (ui_demo.go)
+	uiListen                  string // the dashboard's address
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,6 +55,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "give up after this long")
 	db := databaseURLFlag(fs)
 	fs.StringVar(&c.schema, "schema", "", "Postgres schema for the demo (default: a new workpump_demo_<random> schema, dropped at the end)")
+	fs.BoolVar(&c.ui, "ui", false, "serve the web dashboard on the demo's store, and keep the demo going until interrupted")
+	fs.StringVar(&c.uiListen, "ui-listen", "127.0.0.1:8080", "the dashboard's address with --ui (loopback only)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -79,6 +83,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		be = newMemDemoBackend()
 	}
 	defer be.close()
+	if c.ui {
+		return demoWithUI(ctx, c, be, stdout)
+	}
 	return demo(ctx, c, be, stdout)
 }
 

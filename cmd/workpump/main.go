@@ -7,6 +7,7 @@
 //	workpump dead    list|show|retry|discard --database-url URL [--schema S] [filter flags] [--json]
 //	workpump streams held --database-url URL [--schema S] [--json]
 //	workpump cancel  ID... | --stream S [--category C] [--yes] --database-url URL [--schema S] [--json]
+//	workpump ui      --database-url URL [--schema S] [--listen 127.0.0.1:8080] [--read-only] [--show-payloads] [--token T]
 //	workpump bench   [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--repeat N] [--json]
 //
 // Exit status: 0 success, 1 failure, 2 usage error.
@@ -45,6 +46,7 @@ func commands() []command {
 		{"cancel", "cancel pending or leased items, by id or by stream", runCancel},
 		{"pause", "stop every instance from claiming a category, or one name of it", runPause},
 		{"resume", "end a pause and wake every instance", runResume},
+		{"ui", "serve the web dashboard of a Postgres schema", runUI},
 		{"bench", "measure burn-down throughput or pickup latency", runBench},
 	}
 }
