@@ -51,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -141,7 +142,9 @@ type Telemetry struct {
 	inFlight, gate, backlog, deadLetters                           metric.Int64ObservableGauge
 	oldestReady                                                    metric.Float64ObservableGauge
 
-	attrs attrCache
+	attrs     attrCache
+	fieldKeys [][]byte                     // the propagator's fields as JSON strings, for mayCarry
+	inst      atomic.Pointer[instanceText] // see instanceString
 
 	mu       sync.Mutex
 	pump     *workpump.Pump
@@ -177,6 +180,10 @@ func New(o Options) (*Telemetry, error) {
 	t := &Telemetry{o: o, prop: o.Propagator}
 	if t.prop == nil {
 		t.prop = propagation.TraceContext{}
+	}
+	for _, f := range t.prop.Fields() {
+		k, _ := json.Marshal(f)
+		t.fieldKeys = append(t.fieldKeys, k)
 	}
 	t.tracer = o.TracerProvider.Tracer(ScopeName)
 	t.meter = o.MeterProvider.Meter(ScopeName)
@@ -372,7 +379,7 @@ func (t *Telemetry) observe(_ context.Context, o metric.Observer) error {
 		for i, n := range [...]int{cs.Ready, cs.Scheduled, cs.Held, cs.Leased, cs.Orphaned, cs.DeadLetters} {
 			o.ObserveInt64(t.backlog, int64(n), t.attrs.state(c, states[i]))
 		}
-		o.ObserveFloat64(t.oldestReady, snap.stats.Lag(c).Seconds(), t.attrs.category(c))
+		o.ObserveFloat64(t.oldestReady, snap.stats.Lag(c).Seconds(), t.attrs.get(attrKey{c: c}).opt)
 	}
 	o.ObserveInt64(t.deadLetters, int64(snap.stats.DeadLetters))
 	return nil
@@ -390,20 +397,20 @@ func (t *Telemetry) onClaim(e workpump.ClaimEvent) {
 	case e.Items == 0:
 		result = claimEmpty
 	}
-	t.claimDur.Record(ctx, e.Duration.Seconds(), result)
+	t.claimDur.Record(ctx, e.Duration.Seconds(), result...)
 	if e.Items > 0 {
 		t.claimed.Add(ctx, int64(e.Items))
 	}
 }
 
 var (
-	claimItems = metric.WithAttributeSet(attribute.NewSet(attribute.String("workpump.claim.result", "items")))
-	claimEmpty = metric.WithAttributeSet(attribute.NewSet(attribute.String("workpump.claim.result", "empty")))
-	claimError = metric.WithAttributeSet(attribute.NewSet(attribute.String("workpump.claim.result", "error")))
+	claimItems = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("workpump.claim.result", "items")))}
+	claimEmpty = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("workpump.claim.result", "empty")))}
+	claimError = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("workpump.claim.result", "error")))}
 )
 
 func (t *Telemetry) onCompleted(r workpump.Ref) {
-	t.completed.Add(context.Background(), 1, t.attrs.category(r.Category))
+	t.completed.Add(context.Background(), 1, t.attrs.category(r.Category)...)
 }
 
 func (t *Telemetry) onFailed(r workpump.Ref, err error, deadLettered bool) {
@@ -411,21 +418,21 @@ func (t *Telemetry) onFailed(r workpump.Ref, err error, deadLettered bool) {
 	cat := t.attrs.category(r.Category)
 	var snooze *workpump.SnoozeError
 	if errors.As(err, &snooze) {
-		t.snoozed.Add(ctx, 1, cat)
+		t.snoozed.Add(ctx, 1, cat...)
 		return
 	}
-	t.failed.Add(ctx, 1, cat)
+	t.failed.Add(ctx, 1, cat...)
 	if deadLettered {
-		t.dead.Add(ctx, 1, cat)
+		t.dead.Add(ctx, 1, cat...)
 	}
 }
 
 func (t *Telemetry) onLeaseLost(r workpump.Ref) {
-	t.leaseLost.Add(context.Background(), 1, t.attrs.category(r.Category))
+	t.leaseLost.Add(context.Background(), 1, t.attrs.category(r.Category)...)
 }
 
 func (t *Telemetry) onOverrun(e workpump.OverrunEvent) {
-	t.overruns.Add(context.Background(), 1, t.attrs.named(e.Ref.Category, e.Name))
+	t.overruns.Add(context.Background(), 1, t.attrs.namedAdd(e.Ref.Category, e.Name)...)
 }
 
 func (t *Telemetry) onHandlerStarted(e workpump.HandlerEvent) {
@@ -435,21 +442,24 @@ func (t *Telemetry) onHandlerStarted(e workpump.HandlerEvent) {
 		// latency would only skew the histogram's sum.
 		lat = 0
 	}
-	t.pickup.Record(context.Background(), lat.Seconds(), t.attrs.named(e.Work.Category, e.Work.Name))
+	t.pickup.Record(context.Background(), lat.Seconds(), t.attrs.named(e.Work.Category, e.Work.Name)...)
 }
 
 func (t *Telemetry) onHandlerFinished(e workpump.HandlerEvent) {
-	t.handlerDur.Record(context.Background(), e.Duration.Seconds(), t.attrs.outcome(e.Work.Category, e.Work.Name, outcomeOf(e.Err)))
+	t.handlerDur.Record(context.Background(), e.Duration.Seconds(), t.attrs.outcome(e.Work.Category, e.Work.Name, outcomeOf(e.Err))...)
 }
 
 // outcomeOf names what a handler's error asks for (see workpump.Snooze and
 // workpump.Permanent).
 func outcomeOf(err error) string {
+	if err == nil {
+		// Before the errors.As targets, which escape: a success, the
+		// common case, allocates nothing.
+		return "success"
+	}
 	var snooze *workpump.SnoozeError
 	var permanent *workpump.PermanentError
 	switch {
-	case err == nil:
-		return "success"
 	case errors.As(err, &snooze):
 		return "snooze"
 	case errors.As(err, &permanent):

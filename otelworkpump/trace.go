@@ -1,11 +1,14 @@
 package otelworkpump
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -19,55 +22,127 @@ import (
 // the trace context in the item's metadata, and ends it with the handler's
 // error recorded. A snooze is not recorded as an error: the item runs
 // again as asked.
+//
+// It runs once per item, so it spends as little as it can: metadata
+// without any of the propagator's fields is not parsed, the span name
+// comes from a cache, and a span that does not record (a sampler dropped
+// it, or the provider is a no-op) gets no outcome attribute.
 func (t *Telemetry) HandlerContext(ctx context.Context, w workpump.Work) (context.Context, func(error)) {
-	remote := t.prop.Extract(ctx, metadataCarrier(decodeMetadata(w.Metadata)))
-	attrs := trace.WithAttributes(
-		AttrCategory.String(string(w.Category)),
-		AttrName.String(w.Name),
-		AttrStream.String(w.StreamID),
-		AttrAttempt.Int(w.Attempts),
-		AttrItemID.String(w.ID.String()),
-		AttrMessageType.String(w.MessageType),
-	)
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), attrs}
-	if d := workpump.DeliveryFrom(ctx); d != nil {
-		opts = append(opts, trace.WithAttributes(AttrInstance.String(d.InstanceID.String())))
+	start := ctx
+	if t.mayCarry(w.Metadata) {
+		start = t.prop.Extract(ctx, metadataCarrier(decodeMetadata(w.Metadata)))
 	}
-	start := remote
+	// One allocation for the attributes, the options and the span the end
+	// function needs.
+	h := &handlerSpan{}
+	h.attrs[0] = AttrCategory.String(string(w.Category))
+	h.attrs[1] = AttrName.String(w.Name)
+	h.attrs[2] = AttrStream.String(w.StreamID)
+	h.attrs[3] = AttrAttempt.Int(w.Attempts)
+	h.attrs[4] = AttrItemID.String(w.ID.String())
+	h.attrs[5] = AttrMessageType.String(w.MessageType)
+	attrs := h.attrs[:6]
+	if d := workpump.DeliveryFrom(ctx); d != nil {
+		h.attrs[6] = AttrInstance.String(t.instanceString(d.InstanceID))
+		attrs = h.attrs[:7]
+	}
+	h.opts[0], h.opts[1] = consumerKind, trace.WithAttributes(attrs...)
+	opts := h.opts[:2]
 	if t.o.SpanRelation == Link {
-		if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+		if sc := trace.SpanContextFromContext(start); sc.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 		}
 		// The baggage and other values the propagator extracted stay; only
 		// the span parent goes.
-		opts = append(opts, trace.WithNewRoot())
+		opts = append(opts, newRoot)
 	}
-	ctx, span := t.tracer.Start(start, SpanName(w), opts...)
-	return ctx, func(err error) {
-		if err != nil {
-			var snooze *workpump.SnoozeError
-			if errors.As(err, &snooze) {
-				span.SetAttributes(AttrOutcome.String("snooze"))
-			} else {
-				span.RecordError(err)
-				span.SetStatus(codes.Error, err.Error())
-				span.SetAttributes(AttrOutcome.String(outcomeOf(err)))
-			}
-		} else {
-			span.SetAttributes(AttrOutcome.String("success"))
-		}
+	ctx, h.span = t.tracer.Start(start, t.attrs.spanName(w.Category, w.Name), opts...)
+	return ctx, h.end
+}
+
+// handlerSpan is one handler call's span and what starting it took.
+type handlerSpan struct {
+	attrs [7]attribute.KeyValue
+	opts  [4]trace.SpanStartOption
+	span  trace.Span
+}
+
+// end records the handler's outcome and ends the span.
+func (h *handlerSpan) end(err error) {
+	span := h.span
+	if !span.IsRecording() {
 		span.End()
+		return
 	}
+	if err != nil {
+		var snooze *workpump.SnoozeError
+		if errors.As(err, &snooze) {
+			span.SetAttributes(outcomeSnooze)
+		} else {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(AttrOutcome.String(outcomeOf(err)))
+		}
+	} else {
+		span.SetAttributes(outcomeSuccess)
+	}
+	span.End()
+}
+
+// Span options and attributes every handler span shares, built once.
+var (
+	consumerKind   = trace.WithSpanKind(trace.SpanKindConsumer)
+	newRoot        = trace.WithNewRoot()
+	outcomeSuccess = AttrOutcome.String("success")
+	outcomeSnooze  = AttrOutcome.String("snooze")
+)
+
+// mayCarry reports whether md can hold one of the propagator's fields:
+// false only when md has none of their names as a JSON string and no
+// escape that could spell one, so that items without trace context (most
+// of them, in a pump whose producers are not traced) skip the JSON parse.
+// A propagator that names no fields is always asked.
+func (t *Telemetry) mayCarry(md json.RawMessage) bool {
+	if len(md) == 0 {
+		return false
+	}
+	if len(t.fieldKeys) == 0 || bytes.IndexByte(md, '\\') >= 0 {
+		return true
+	}
+	for _, k := range t.fieldKeys {
+		if bytes.Contains(md, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// instanceString returns id's text form, kept for the pump's own id (the
+// only one its deliveries carry) rather than formatted per item.
+func (t *Telemetry) instanceString(id uuid.UUID) string {
+	if c := t.inst.Load(); c != nil && c.id == id {
+		return c.s
+	}
+	c := &instanceText{id: id, s: id.String()}
+	t.inst.Store(c)
+	return c.s
+}
+
+type instanceText struct {
+	id uuid.UUID
+	s  string
 }
 
 // SpanName is the name of a handler call's span: "process", the category
 // and the name, in the messaging conventions' "{operation} {destination}"
 // form.
-func SpanName(w workpump.Work) string {
-	if w.Name == "" {
-		return "process " + string(w.Category)
+func SpanName(w workpump.Work) string { return spanName(w.Category, w.Name) }
+
+func spanName(c driver.Category, name string) string {
+	if name == "" {
+		return "process " + string(c)
 	}
-	return "process " + string(w.Category) + " " + w.Name
+	return "process " + string(c) + " " + name
 }
 
 // EnqueueMetadata is the workpump.EnqueueMetadataFunc Instrument installs:
