@@ -129,7 +129,7 @@ func parsePages() (map[string]*template.Template, error) {
 		"age":     age,
 		"since":   func(now, t time.Time) string { return age(now.Sub(t)) },
 		"ts":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
-		"short":   func(id uuid.UUID) string { return id.String()[:8] },
+		"short":   shortID,
 		"isZero":  func(t time.Time) bool { return t.IsZero() },
 		"nilID":   func(id uuid.UUID) bool { return id == uuid.Nil },
 		"payload": func(b []byte) string { return payloadText(b) },
@@ -146,6 +146,12 @@ func parsePages() (map[string]*template.Template, error) {
 	}
 	return pages, nil
 }
+
+// shortID is the id's last 8 hex digits. Ids are UUIDv7 (driver package
+// doc), whose first digits are their creation time: instances started
+// together, or items enqueued in one batch, share them, so only the
+// random end tells them apart on a page. The full id is in the title.
+func shortID(id uuid.UUID) string { s := id.String(); return s[len(s)-8:] }
 
 // age renders a duration the way an operator reads it: 850ms, 4.2s,
 // 3m05s, 2h10m.

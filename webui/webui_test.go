@@ -217,7 +217,7 @@ func TestUI_Overview(t *testing.T) {
 	if p.status != 200 {
 		t.Fatalf("status %d: %s", p.status, p.body)
 	}
-	mustContain(t, p, w.inst.String()[:8], "billing-worker", "host-a · 4242", "1 live", "p mod 1 = 0", `id="dead-total">3<`, "<svg", "data-live=")
+	mustContain(t, p, w.inst.String()[28:], "billing-worker", "host-a · 4242", "1 live", "p mod 1 = 0", `id="dead-total">3<`, "<svg", "data-live=")
 	// outbox: r1 ready (r2 waits behind it but is ready too), nothing leased; inbox: h2 waits behind held h1.
 	if !regexp.MustCompile(`data-category="outbox">\s*<td>.*</td>\s*<td class="num">2</td>`).MatchString(p.body) {
 		t.Errorf("outbox row does not show 2 ready:\n%s", p.body)
@@ -510,7 +510,7 @@ func TestUI_StreamTimeline(t *testing.T) {
 	if p.status != 200 {
 		t.Fatalf("status %d: %s", p.status, p.body)
 	}
-	mustContain(t, p, "Owned by", w.inst.String()[:8]+"</code> billing-worker", "smtp refused")
+	mustContain(t, p, "Owned by", w.inst.String()[28:]+"</code> billing-worker", "smtp refused")
 	// The stream's items in order: r1 leased (attempt 1), then r2 ready.
 	rows := regexp.MustCompile(`<tr data-id="([0-9a-f-]+)" data-state="([a-z ]+)">`).FindAllStringSubmatch(p.body, -1)
 	if len(rows) != 2 || rows[0][1] != leased.String() || rows[0][2] != "leased" || rows[1][1] != w.r2.String() || rows[1][2] != "ready" {

@@ -60,6 +60,13 @@ func TestBrowser_OverviewShowsTheLiveInstances(t *testing.T) {
 		mustContain(t, "second instance's row", row, "mailer")
 		mustContain(t, "second instance's row", row, "demo-host")
 		mustContain(t, "first instance's row", text(t, ctx, `tr[data-instance="`+p1.ID().String()+`"]`), "billing-worker")
+		// Both started within a few milliseconds: their ids' time-ordered
+		// first digits are alike, and the short ids shown must still differ.
+		c1 := text(t, ctx, `tr[data-instance="`+p1.ID().String()+`"] code`)
+		c2 := text(t, ctx, `tr[data-instance="`+p2.ID().String()+`"] code`)
+		if c1 == c2 || !strings.Contains(p1.ID().String(), c1) || !strings.Contains(p2.ID().String(), c2) {
+			t.Fatalf("the instances show as %q (%s) and %q (%s): want distinct parts of their ids", c1, p1.ID(), c2, p2.ID())
+		}
 	})
 }
 
