@@ -26,7 +26,9 @@ import (
 // It runs once per item, so it spends as little as it can: metadata
 // without any of the propagator's fields is not parsed, the span name
 // comes from a cache, and a span that does not record (a sampler dropped
-// it, or the provider is a no-op) gets no outcome attribute.
+// it, or the provider is a no-op) gets no attribute at all. The
+// attributes are set once the span records, so a sampler decides on the
+// span's name ("process", category and name), kind, parent and links.
 func (t *Telemetry) HandlerContext(ctx context.Context, w workpump.Work) (context.Context, func(error)) {
 	start := ctx
 	if t.mayCarry(w.Metadata) {
@@ -35,6 +37,22 @@ func (t *Telemetry) HandlerContext(ctx context.Context, w workpump.Work) (contex
 	// One allocation for the attributes, the options and the span the end
 	// function needs.
 	h := &handlerSpan{}
+	h.opts[0] = consumerKind
+	opts := h.opts[:1]
+	if t.o.SpanRelation == Link {
+		if sc := trace.SpanContextFromContext(start); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		}
+		// The baggage and other values the propagator extracted stay; only
+		// the span parent goes.
+		opts = append(opts, newRoot)
+	}
+	ctx, h.span = t.tracer.Start(start, t.attrs.spanName(w.Category, w.Name), opts...)
+	if !h.span.IsRecording() {
+		// A span the sampler dropped costs no attribute: most spans, in a
+		// busy pump whose sampler keeps a share of them.
+		return ctx, h.end
+	}
 	h.attrs[0] = AttrCategory.String(string(w.Category))
 	h.attrs[1] = AttrName.String(w.Name)
 	h.attrs[2] = AttrStream.String(w.StreamID)
@@ -46,24 +64,14 @@ func (t *Telemetry) HandlerContext(ctx context.Context, w workpump.Work) (contex
 		h.attrs[6] = AttrInstance.String(t.instanceString(d.InstanceID))
 		attrs = h.attrs[:7]
 	}
-	h.opts[0], h.opts[1] = consumerKind, trace.WithAttributes(attrs...)
-	opts := h.opts[:2]
-	if t.o.SpanRelation == Link {
-		if sc := trace.SpanContextFromContext(start); sc.IsValid() {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
-		}
-		// The baggage and other values the propagator extracted stay; only
-		// the span parent goes.
-		opts = append(opts, newRoot)
-	}
-	ctx, h.span = t.tracer.Start(start, t.attrs.spanName(w.Category, w.Name), opts...)
+	h.span.SetAttributes(attrs...)
 	return ctx, h.end
 }
 
 // handlerSpan is one handler call's span and what starting it took.
 type handlerSpan struct {
 	attrs [7]attribute.KeyValue
-	opts  [4]trace.SpanStartOption
+	opts  [3]trace.SpanStartOption
 	span  trace.Span
 }
 

@@ -224,3 +224,40 @@ func TestEnqueueMetadata(t *testing.T) {
 		t.Errorf("a failed Inject changed items[0] to %s", items[0].Metadata)
 	}
 }
+
+// TestHandlerContextReadsOnlyMetadataThatCanCarryContext: metadata is
+// parsed when it may hold the propagator's fields, an escaped field name
+// included, and a span without them starts a new trace.
+func TestHandlerContextReadsOnlyMetadataThatCanCarryContext(t *testing.T) {
+	const (
+		traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+		spanID  = "00f067aa0ba902b7"
+	)
+	r := newRig(t, otelworkpump.Options{})
+	for _, tc := range []struct {
+		md     string
+		parent bool
+	}{
+		{`{"traceparent":"00-` + traceID + `-` + spanID + `-01","app":1}`, true},
+		{`{"trace\u0070arent":"00-` + traceID + `-` + spanID + `-01"}`, true},
+		{`{"app":"traceparent"}`, false},
+		{`{}`, false},
+		{``, false},
+	} {
+		w := workpump.Work{Category: workpump.Outbox, Name: "n", MessageType: tc.md, Metadata: json.RawMessage(tc.md)}
+		ctx, end := r.tel.HandlerContext(context.Background(), w)
+		sc := trace.SpanContextFromContext(ctx)
+		end(nil)
+		if got := sc.TraceID().String() == traceID; got != tc.parent {
+			t.Errorf("metadata %s: span trace %s, continues the item's trace %v, want %v", tc.md, sc.TraceID(), got, tc.parent)
+		}
+	}
+	for md, s := range r.handlerSpans(t) {
+		if got := attrMap(s)[otelworkpump.AttrOutcome].AsString(); got != "success" || s.Name() != "process outbox n" {
+			t.Errorf("metadata %s: span %q outcome %q, want \"process outbox n\" and success", md, s.Name(), got)
+		}
+	}
+	if n := len(r.handlerSpans(t)); n != 5 {
+		t.Errorf("%d handler spans, want 5", n)
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -35,6 +36,8 @@ type benchConfig struct {
 	selfPollInterval                   time.Duration
 	databaseURL, schema                string
 	cpuProfile                         string
+	otel                               bool
+	otelSampling                       float64
 }
 
 // benchResult is the --json line.
@@ -47,6 +50,8 @@ type benchResult struct {
 	AsyncClaims        bool    `json:"async_claims,omitempty"`
 	NoSelfPolling      bool    `json:"no_self_polling,omitempty"`
 	BareConsumer       bool    `json:"bare_consumer,omitempty"` // appwrite: the pump phases ran the bare consumer instead
+	Otel               bool    `json:"otel,omitempty"`          // burndown: every pump instrumented by otelworkpump
+	OtelSampling       float64 `json:"otel_sampling,omitempty"` // the share of handler spans the sampler records
 	Seconds            float64 `json:"seconds"`
 	ItemsPerSec        float64 `json:"items_per_sec"`
 	EnqueueItemsPerSec float64 `json:"enqueue_items_per_sec,omitempty"`
@@ -94,6 +99,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.noSelfPolling, "no-self-polling", false, "instances never poll by themselves: every enqueue NOTIFYs (Claim.DisableSelfPolling)")
 	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "the claim cadence of a self-polling period (Claim.SelfPollInterval; 0: the default)")
 	fs.IntVar(&c.repeat, "repeat", 1, "run the bench this many times, each on a fresh store, and end with the medians")
+	fs.BoolVar(&c.otel, "otel", false, "burndown: instrument every pump with otelworkpump on real OpenTelemetry SDK providers whose output goes nowhere (a metric reader never collected, spans batched to an exporter that drops them), backlog gauges included")
+	fs.Float64Var(&c.otelSampling, "otel-sampling", 1, "--otel: the share of items whose handler span is recorded (a parent-based trace-id ratio sampler; 1 records every span)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
 	fs.StringVar(&c.schema, "schema", "", "Postgres schema (default: a new workpump_bench_<random> schema, dropped at the end)")
@@ -101,6 +108,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	c.databaseURL = *db
+	samplingSet := false
+	fs.Visit(func(f *flag.Flag) { samplingSet = samplingSet || f.Name == "otel-sampling" })
 	switch {
 	case c.mode != "burndown" && c.mode != "continuous" && c.mode != "idle" && c.mode != "appwrite":
 		return usagef("--mode: %q, want burndown, continuous, idle or appwrite", c.mode)
@@ -138,6 +147,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--repeat must be > 0")
 	case c.repeat > 1 && c.schema != "":
 		return usagef("--repeat: each run needs a fresh schema; leave --schema out")
+	case c.otel && c.mode != "burndown":
+		return usagef("--otel: only --mode burndown has it")
+	case samplingSet && !c.otel:
+		return usagef("--otel-sampling: only --otel has it")
+	case c.otelSampling < 0 || c.otelSampling > 1:
+		return usagef("--otel-sampling must be between 0 and 1")
 	case c.asyncClaims && c.databaseURL == "":
 		return usagef("--async-claims: the in-memory driver has no commits to make asynchronous; give --database-url")
 	}
@@ -201,6 +216,10 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 		return benchResult{}, err
 	}
 	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.NoSelfPolling, res.BareConsumer = c.mode, be.name(), c.instances, c.asyncClaims, c.noSelfPolling, c.bareConsumer
+	res.Otel = c.otel
+	if c.otel {
+		res.OtelSampling = c.otelSampling
+	}
 	return res, nil
 }
 
@@ -282,18 +301,35 @@ func benchOptions(c benchConfig) workpump.Options {
 }
 
 // startPumps starts c.instances pumps with handler h on every category.
-func startPumps(ctx context.Context, c benchConfig, be benchBackend, h workpump.Handler, completed *atomic.Int64) ([]*workpump.Pump, func(), error) {
+// With --otel, stopping them writes to out how many handler spans the
+// discarding exporter received.
+func startPumps(ctx context.Context, c benchConfig, be benchBackend, h workpump.Handler, completed *atomic.Int64, out io.Writer) ([]*workpump.Pump, func(), error) {
 	var pumps []*workpump.Pump
+	var tel *benchTelemetry
 	stopAll := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
 		for _, p := range pumps {
 			_ = p.Stop(sctx)
 		}
+		if tel != nil {
+			tel.close(sctx)
+			fmt.Fprintf(out, "otel: %d handler spans recorded and handed to a discarding exporter (sampling %g)\n", tel.exported.Load(), c.otelSampling)
+		}
+	}
+	if c.otel {
+		tel = newBenchTelemetry(c.otelSampling)
 	}
 	for range c.instances {
 		opts := benchOptions(c)
 		opts.Hooks.Completed = func(driver.Ref) { completed.Add(1) }
+		if tel != nil {
+			var err error
+			if opts, err = tel.instrument(be.coordinator(), opts); err != nil {
+				stopAll()
+				return nil, nil, err
+			}
+		}
 		p, err := workpump.New(be.coordinator(), opts)
 		if err != nil {
 			stopAll()
@@ -301,6 +337,12 @@ func startPumps(ctx context.Context, c benchConfig, be benchBackend, h workpump.
 		}
 		for _, cat := range driver.Categories {
 			_ = p.Handle(cat, "", h)
+		}
+		if tel != nil {
+			if err := tel.observe(p); err != nil {
+				stopAll()
+				return nil, nil, err
+			}
 		}
 		if err := p.Start(ctx); err != nil {
 			stopAll()
@@ -336,7 +378,7 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	defer stopProfile()
 	var completed atomic.Int64
 	start := time.Now()
-	pumps, stopAll, err := startPumps(ctx, c, be, func(context.Context, workpump.Work) error { return nil }, &completed)
+	pumps, stopAll, err := startPumps(ctx, c, be, func(context.Context, workpump.Work) error { return nil }, &completed, out)
 	if err != nil {
 		return benchResult{}, err
 	}
@@ -379,7 +421,7 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 		mu.Unlock()
 		return nil
 	}
-	pumps, stopAll, err := startPumps(ctx, c, be, h, &completed)
+	pumps, stopAll, err := startPumps(ctx, c, be, h, &completed, out)
 	if err != nil {
 		return benchResult{}, err
 	}

@@ -103,7 +103,7 @@ func idle(ctx context.Context, c benchConfig, be benchBackend, out io.Writer) (b
 	var n callCounts
 	var completed atomic.Int64
 	cbe := countingBackend{benchBackend: be, coord: counting(be.coordinator(), &n)}
-	_, stopAll, err := startPumps(ctx, c, cbe, func(context.Context, workpump.Work) error { return nil }, &completed)
+	_, stopAll, err := startPumps(ctx, c, cbe, func(context.Context, workpump.Work) error { return nil }, &completed, io.Discard)
 	if err != nil {
 		return benchResult{}, err
 	}

@@ -97,6 +97,9 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"bench", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
 		{[]string{"bench", "--mode", "continuous", "--warmup", "-1s"}, "--warmup must be >= 0"},
 		{[]string{"bench", "--warmup", "1s"}, "--warmup: only --mode continuous has a warm-up"},
+		{[]string{"bench", "--otel", "--mode", "idle"}, "--otel: only --mode burndown has it"},
+		{[]string{"bench", "--otel-sampling", "0.5"}, "--otel-sampling: only --otel has it"},
+		{[]string{"bench", "--otel", "--otel-sampling", "1.5"}, "--otel-sampling must be between 0 and 1"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
@@ -158,6 +161,26 @@ func TestCLI_BenchJSONShape(t *testing.T) {
 	}
 	if got["mode"] != "burndown" || got["items"] != float64(5000) || got["items_per_sec"].(float64) <= 0 {
 		t.Errorf("bench JSON = %v", got)
+	}
+}
+
+// TestCLI_BenchOtelRecordsEverySampledSpan: bench --otel instruments the
+// pumps for real: every handled item's span reaches the exporter when all
+// are sampled, and none when none are.
+func TestCLI_BenchOtelRecordsEverySampledSpan(t *testing.T) {
+	for _, tc := range []struct {
+		sampling, want string
+	}{{"1", "otel: 3000 handler spans recorded"}, {"0", "otel: 0 handler spans recorded"}} {
+		r := runCLI(t, nil, "bench", "-n", "3000", "--otel", "--otel-sampling", tc.sampling, "--json")
+		if r.code != 0 {
+			t.Fatalf("bench --otel exit %d: %s", r.code, r.stderr)
+		}
+		if !strings.Contains(r.stdout, tc.want) {
+			t.Errorf("--otel-sampling %s: no %q line:\n%s", tc.sampling, tc.want, r.stdout)
+		}
+		if !strings.Contains(r.stdout, `"otel":true`) {
+			t.Errorf("--otel-sampling %s: JSON does not say otel:\n%s", tc.sampling, r.stdout)
+		}
 	}
 }
 
