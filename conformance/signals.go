@@ -266,6 +266,7 @@ func inspectorCases() []testCase {
 		{name: "Inspector/NowFollowsTheStoreClock", run: inspectorNow},
 		{name: "Inspector/StatsOldestReady", run: inspectorOldestReady},
 		{name: "Inspector/StatsDeadLettersPerCategory", run: inspectorDeadPerCategory},
+		{name: "Inspector/EstimateStatsExactWithinTheLimit", run: inspectorEstimateStats},
 	}
 }
 

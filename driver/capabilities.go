@@ -220,6 +220,10 @@ type CategoryStats struct {
 	// DeadLetters counts the category's dead letters, those holding their
 	// streams (Held) included; Stats.DeadLetters is their sum.
 	DeadLetters int
+	// Estimated is set only by StatsEstimator.EstimateStats, on a
+	// category whose counts are not all exact (see there); Stats never
+	// sets it.
+	Estimated bool
 }
 
 // Stats is the Inspector's summary.

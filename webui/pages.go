@@ -201,6 +201,10 @@ type overviewData struct {
 	PauseErr    string
 	ReadyChart  template.HTML
 	LagChart    template.HTML
+	// Estimated is set when a category's counts are estimates (more than
+	// ExactLimit rows in a part of it), and then DeadLetters may be one.
+	Estimated  bool
+	ExactLimit int
 }
 
 type instanceRow struct {
@@ -232,14 +236,31 @@ func rankOrder(in []driver.InstanceState) []driver.InstanceState {
 	return out
 }
 
+// exactCounts is how many rows of each part of a category the overview
+// counts exactly when the driver can estimate (driver.StatsEstimator):
+// the page is polled every few seconds, so a bigger backlog is estimated
+// rather than counted.
+const exactCounts = 10000
+
 func (u *ui) overview(r *http.Request, v *view) (string, error) {
 	ctx := r.Context()
-	st, err := u.insp.Stats(ctx)
+	var (
+		st  driver.Stats
+		err error
+	)
+	if u.estimator != nil {
+		st, err = u.estimator.EstimateStats(ctx, exactCounts)
+	} else {
+		st, err = u.insp.Stats(ctx)
+	}
 	if err != nil {
 		return "", err
 	}
 	v.Title, v.Nav, v.Live, v.Now = "Overview", "overview", u.refreshSeconds(), st.Now
-	d := overviewData{DeadLetters: st.DeadLetters}
+	d := overviewData{DeadLetters: st.DeadLetters, ExactLimit: exactCounts}
+	for _, c := range driver.Categories {
+		d.Estimated = d.Estimated || st.Categories[c].Estimated
+	}
 	live := rankOrder(st.Instances)
 	for i, in := range live {
 		row := instanceRow{InstanceState: in, Rank: i, Live: len(live), HeartbeatAge: st.Now.Sub(in.LastHeartbeatAt)}

@@ -81,16 +81,19 @@ var staticFS embed.FS
 
 // ui is the dashboard's handler.
 type ui struct {
-	opts    Options
-	log     hclog.Logger
-	insp    driver.Inspector
-	dead    driver.DeadLetterOperator // nil when the driver has none
-	pauser  driver.WorkPauser         // nil when the driver has none
-	lister  driver.WorkLister         // nil when the driver has none
-	pages   map[string]*template.Template
-	mux     *http.ServeMux
-	history *history
-	auth    authCheck
+	opts Options
+	log  hclog.Logger
+	insp driver.Inspector
+	// estimator, when the driver has one, answers the overview, which
+	// is polled: it counts a big backlog only up to a limit.
+	estimator driver.StatsEstimator
+	dead      driver.DeadLetterOperator // nil when the driver has none
+	pauser    driver.WorkPauser         // nil when the driver has none
+	lister    driver.WorkLister         // nil when the driver has none
+	pages     map[string]*template.Template
+	mux       *http.ServeMux
+	history   *history
+	auth      authCheck
 }
 
 // New returns the dashboard over coord. coord must implement
@@ -120,6 +123,7 @@ func New(coord driver.Coordinator, opts Options) (http.Handler, error) {
 		u.log = hclog.NewNullLogger()
 	}
 	u.dead, _ = coord.(driver.DeadLetterOperator)
+	u.estimator, _ = coord.(driver.StatsEstimator)
 	u.pauser, _ = coord.(driver.WorkPauser)
 	u.lister, _ = coord.(driver.WorkLister)
 	var err error
