@@ -208,9 +208,10 @@ func TestBrowser_ReadOnlyHidesAndRefusesActions(t *testing.T) {
 		ro := serve(t, coord, webui.Options{ReadOnly: true})
 		rw := serve(t, coord, webui.Options{})
 		rec := newRecorder(t)
-		startPump(t, coord, rec, pumpOpts{service: "worker"})
+		_, stop := startPump(t, coord, rec, pumpOpts{service: "worker"})
 		id := enqueue(t, coord, driver.NewWork{Category: driver.Outbox, StreamID: "cust-1", Name: "mail", MessageType: typePoison})[0]
 		eventually(t, ctx, "the dead letter", func() bool { _, ok := deadLetters(t, coord)[id]; return ok })
+		stop() // else a retried item would die again before the test looks
 		if _, err := coord.(driver.WorkPauser).PauseWork(ctx, driver.PauseScope{Category: driver.Inbox}); err != nil {
 			t.Fatal(err)
 		}
