@@ -65,6 +65,7 @@ func TestOptions_InvalidNamed(t *testing.T) {
 		{"negative ack window", func(o *workpump.Options) { o.AckWindow = -time.Second }, "AckWindow: -1s"},
 		{"negative stop timeout", func(o *workpump.Options) { o.StopTimeout = -time.Second }, "StopTimeout: -1s, want > 0"},
 		{"metadata not an object", func(o *workpump.Options) { o.Metadata = json.RawMessage(`[1]`) }, "Metadata: must be a JSON object"},
+		{"metadata not UTF-8", func(o *workpump.Options) { o.Metadata = json.RawMessage("{\"v\":\"\xff\"}") }, "Metadata: not valid UTF-8"},
 		{"unknown category", func(o *workpump.Options) { o.Categories = []driver.Category{"jobs"} }, `Categories[0]: unknown category: "jobs"`},
 		{"negative poll interval", func(o *workpump.Options) { o.Claim.PollInterval = -time.Second }, "Claim.PollInterval: -1s"},
 		{"zero batch", func(o *workpump.Options) { o.Claim.MaxStreamsPerBatch = -5 }, "Claim.MaxStreamsPerBatch: -5"},

@@ -44,6 +44,11 @@ func enqueueCases() []testCase {
 			bad.Metadata = json.RawMessage(`{"a":`)
 			return []driver.NewWork{item(driver.Outbox, ""), bad}
 		}),
+		enqueueReject("Enqueue/RejectsInvalidUTF8Metadata", driver.ErrInvalidArgument, "Metadata", func(f *fixture) []driver.NewWork {
+			bad := item(driver.Inbox, "")
+			bad.Metadata = json.RawMessage("{\"a\":\"\xff\"}")
+			return []driver.NewWork{item(driver.Inbox, ""), bad}
+		}),
 		enqueueReject("Enqueue/RejectsArrayMetadata", driver.ErrInvalidArgument, "Metadata", func(f *fixture) []driver.NewWork {
 			bad := item(driver.PerspectiveEvent, "")
 			bad.Metadata = json.RawMessage(`[1,2]`)

@@ -30,6 +30,12 @@ func heartbeatCases() []testCase {
 			_, err := e.c.RecordHeartbeat(e.ctx, driver.HeartbeatRequest{Instance: in, StaleAfter: staleAfter, DeadAfter: deadAfter})
 			return err
 		}),
+		rejectCase("Heartbeat/RejectsInvalidUTF8Metadata", driver.ErrInvalidArgument, "Metadata", func(e *env, f *fixture) error {
+			in := testInstance(f.a)
+			in.Metadata = json.RawMessage("{\"v\":\"\xc3\"}")
+			_, err := e.c.RecordHeartbeat(e.ctx, driver.HeartbeatRequest{Instance: in, StaleAfter: staleAfter, DeadAfter: deadAfter})
+			return err
+		}),
 		rejectCase("Heartbeat/RejectsNULInHost", driver.ErrInvalidArgument, "Host", func(e *env, f *fixture) error {
 			in := testInstance(f.a)
 			in.Host = "host\x00"

@@ -23,6 +23,7 @@ func txEnqueueCases() []testCase {
 		{name: "TxEnqueue/LostCompletionEnqueuesNothing", run: txEnqueueLost},
 		{name: "TxEnqueue/OutsideFnIsRefused", run: txEnqueueOutsideFn},
 		{name: "TxEnqueue/BadItemsAreRefused", run: txEnqueueBadItems},
+		{name: "TxEnqueue/OwnIDIsSkipped", run: txEnqueueOwnID},
 	}
 }
 
@@ -159,4 +160,36 @@ func txEnqueueBadItems(e *env) {
 	}
 	e.mustBeGone(driver.Outbox, good.ID, "the good item of a refused EnqueueInTx")
 	e.mustBeLeased(driver.Inbox, w.ID, a, w.LeaseExpiry, 1, "after the refused EnqueueInTx")
+}
+
+// txEnqueueOwnID: an fn that enqueues the delivered item's own id (a
+// deterministic message id, say) in the item's category enqueues nothing:
+// the row still exists when fn runs, so the insert is skipped as any
+// enqueue of a present id is, and the completion then removes the row.
+// An inbox row stays processed.
+func txEnqueueOwnID(e *env) {
+	te, tc := e.txEnqueuer(), e.txCompleter()
+	a := e.instances(1)[0]
+	for _, c := range []driver.Category{driver.Outbox, driver.Inbox} {
+		stream := "txe-own-" + string(c)
+		x := item(c, stream)
+		e.enqueue(x)
+		w := e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: defaultLease, Categories: []driver.Category{c}, MaxPerCategory: 1}).Work[0]
+		d, ctx := e.delivery(a, w)
+		again := driver.NewWork{ID: w.ID, Category: c, StreamID: stream, Name: "again"}
+		err := tc.CompleteDeliveryInTx(ctx, func(fctx context.Context) error {
+			_, err := te.EnqueueInTx(fctx, []driver.NewWork{again})
+			return err
+		})
+		if err != nil || !d.Settled() {
+			e.t.Fatalf("%s: CompleteDeliveryInTx whose fn enqueued the item's own id = %v, settled %v; want nil, settled", c, err, d.Settled())
+		}
+		if c == driver.Inbox {
+			if got := e.get(c, w.ID); !got.ProcessedAt.Equal(e.now()) || got.Name != x.Name {
+				e.t.Fatalf("%s: the row after fn enqueued its own id: %s, want the completed row (name %q, processed now)", c, renderWork(got), x.Name)
+			}
+			continue
+		}
+		e.mustBeGone(c, w.ID, string(c)+": fn enqueued the delivered item's own id")
+	}
 }

@@ -203,6 +203,11 @@ func ValidateMetadata(m json.RawMessage) error {
 	if len(m) > MaxMetadataBytes {
 		return fmt.Errorf("%d bytes exceeds the limit of %d", len(m), MaxMetadataBytes)
 	}
+	// JSON's own check lets invalid UTF-8 inside strings through, which a
+	// UTF-8 database refuses or replaces; every store refuses it here.
+	if !utf8.Valid(m) {
+		return fmt.Errorf("not valid UTF-8")
+	}
 	if !json.Valid(m) {
 		return fmt.Errorf("not valid JSON")
 	}

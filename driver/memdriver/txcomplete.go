@@ -172,6 +172,18 @@ func (s *Store) commitDelivery(ctx context.Context, d *driver.Delivery, rows [][
 	if !holds(r, d.InstanceID, ref.Attempts) || r.w.LeaseExpiry.Before(now) {
 		return fmt.Errorf("memdriver: complete %s: %w", ref, driver.ErrLeaseLost)
 	}
+	// A transactional store runs fn's enqueues before the completion, so
+	// an id still present then is skipped; the delivered item's own id
+	// included, which the completion would otherwise free for a new row.
+	for i, rs := range rows {
+		kept := rs[:0:0]
+		for _, nr := range rs {
+			if _, exists := s.cat(nr.w.Category).rows[nr.w.ID]; !exists {
+				kept = append(kept, nr)
+			}
+		}
+		rows[i] = kept
+	}
 	s.settle(r, d.InstanceID)
 	if ref.Category == driver.Inbox {
 		r.processedAt = now

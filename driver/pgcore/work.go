@@ -100,7 +100,8 @@ func (c *Core) enqueue(ctx context.Context, q Querier, items []driver.NewWork, o
 	}
 	ids, a, err := buildEnqueue(items, c.opts.PartitionCount)
 	if err != nil {
-		if errors.Is(err, driver.ErrInvalidArgument) {
+		// Bad input is said the same on every driver, memdriver included.
+		if errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnknownCategory) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("%s: %w", c.name, err)
