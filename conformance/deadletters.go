@@ -21,6 +21,7 @@ func deadLetterCases() []testCase {
 		{name: "DeadLetters/FindFiltersAndPages", run: deadFind},
 		{name: "DeadLetters/RetryPutsTheItemBackAtTheEndOfItsStream", run: deadRetryOrder},
 		{name: "DeadLetters/DryRunCountsAndChangesNothing", run: deadDryRun},
+		{name: "DeadLetters/DryRunCountsEveryFilter", run: deadDryRunFilters},
 		{name: "DeadLetters/DiscardRemovesWhatMatches", run: deadDiscard},
 		{name: "DeadLetters/BadInputChangesNothing", run: deadBadInput},
 		{name: "DeadLetters/RetryLeavesADeadLetterWhoseIDIsInUse", run: deadInUse},

@@ -19,6 +19,11 @@ func listWorkCases() []testCase {
 		{name: "ListWork/ListsEveryUnprocessedRowByCategoryThenSeq", run: listWorkStates},
 		{name: "ListWork/CategoriesAndLimitPerCategory", run: listWorkQuery},
 		{name: "ListWork/EmptyStoreListsNothing", run: listWorkEmpty},
+		{name: "ListWork/OneStream", run: listWorkStream},
+		listWorkReject("ListWork/RejectsAStreamIDWithNUL", driver.ErrInvalidArgument, "StreamID",
+			driver.WorkQuery{StreamID: "a\x00b"}),
+		listWorkReject("ListWork/RejectsAStreamIDTooLong", driver.ErrInvalidArgument, "StreamID",
+			driver.WorkQuery{StreamID: strings.Repeat("s", driver.MaxStreamIDBytes+1)}),
 		listWorkReject("ListWork/RejectsAnUnknownCategory", driver.ErrUnknownCategory, "Categories[1]",
 			driver.WorkQuery{Categories: []driver.Category{driver.Outbox, "mailbox"}}),
 		listWorkReject("ListWork/RejectsAnEmptyCategory", driver.ErrUnknownCategory, "Categories[0]",
@@ -210,6 +215,23 @@ func listWorkQuery(e *env) {
 	e.wantListed("perspective_event, inbox",
 		driver.WorkQuery{Categories: []driver.Category{driver.PerspectiveEvent, driver.Inbox}},
 		rowRefs(w.inboxPending, w.retrying, w.pendingEvent)...)
+}
+
+// listWorkStream: a StreamID query lists that stream's unprocessed rows
+// only, in every category asked, in Seq order, Limit applying per
+// category; a processed row, a dead letter moved out and another stream's
+// rows are not listed.
+func listWorkStream(e *env) {
+	e.lister()
+	w := e.listWorkWorld()
+	e.wantListed("stream lw-held", driver.WorkQuery{StreamID: "lw-held"}, rowRefs(w.held, w.behind)...)
+	e.wantListed("stream lw-held, Limit 1", driver.WorkQuery{StreamID: "lw-held", Limit: 1}, rowRefs(w.held)...)
+	e.wantListed("stream lw-held in the inbox", driver.WorkQuery{StreamID: "lw-held", Categories: []driver.Category{driver.Inbox}})
+	e.wantListed("stream lw-event", driver.WorkQuery{StreamID: "lw-event"}, rowRefs(w.pendingEvent)...)
+	e.wantListed("stream lw-leased", driver.WorkQuery{StreamID: "lw-leased"}, rowRefs(w.leased)...)
+	e.wantListed("processed stream lw-inbox-done", driver.WorkQuery{StreamID: "lw-inbox-done"})
+	e.wantListed("dead-lettered stream lw-dead", driver.WorkQuery{StreamID: "lw-dead"})
+	e.wantListed("unknown stream", driver.WorkQuery{StreamID: "lw-none"})
 }
 
 func listWorkEmpty(e *env) {

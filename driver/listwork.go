@@ -12,6 +12,10 @@ type WorkQuery struct {
 	// Limit caps the rows returned per category; 0 means all, at most
 	// MaxCount.
 	Limit int
+	// StreamID, when set, lists only the rows of that stream (rows
+	// without a stream are then never listed): what a stream's timeline
+	// shows, without reading the rest of the backlog.
+	StreamID string
 }
 
 // Validate checks q.
@@ -26,6 +30,9 @@ func (q WorkQuery) Validate() error {
 	}
 	if q.Limit > MaxCount {
 		return fmt.Errorf("%w: Limit: %d is above MaxCount %d", ErrInvalidArgument, q.Limit, MaxCount)
+	}
+	if err := checkText("StreamID", q.StreamID, MaxStreamIDBytes); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
 	return nil
 }

@@ -111,9 +111,29 @@ func TestPageLatencyOnPostgres(t *testing.T) {
 	}
 	cookie := csrfCookie(t, h)
 	type page struct {
-		name string
-		req  func() *http.Request
-		want *regexp.Regexp // what the page must say
+		name  string
+		req   func() *http.Request
+		want  *regexp.Regexp // what the page must say
+		check func(body string) error
+	}
+	// The long stream has every 50th ready item; its timeline lists the
+	// first of them (timelineLimit, 1000) and says when there are more.
+	longItems := size.ready / 50
+	longTimeline := func(body string) error {
+		n := strings.Count(body, `data-state="`)
+		switch {
+		case longItems > 1000 && (n != 1000 || !strings.Contains(body, `id="truncated"`)):
+			return fmt.Errorf("the long stream's timeline lists %d ready items (truncation note: %v), want the first 1000 and the note", n, strings.Contains(body, `id="truncated"`))
+		case longItems <= 1000 && n != longItems:
+			return fmt.Errorf("the long stream's timeline lists %d ready items, want all %d", n, longItems)
+		}
+		return nil
+	}
+	heldTimeline := func(body string) error {
+		if !strings.Contains(body, `data-state="held"`) || !strings.Contains(body, `data-state="ready"`) {
+			return fmt.Errorf("the held stream's timeline does not show its held item and the one waiting behind it")
+		}
+		return nil
 	}
 	get := func(path string) func() *http.Request {
 		return func() *http.Request { return httptest.NewRequest(http.MethodGet, path, nil) }
@@ -131,20 +151,20 @@ func TestPageLatencyOnPostgres(t *testing.T) {
 		}
 	}
 	pages := []page{
-		{"overview (also the live chart's poll)", get("/"), regexp.MustCompile(`(?s)id="backlog".*<td class="num">≈\d+</td>.*id="estimated-note"`)},
-		{"dead letters", get("/dead"), regexp.MustCompile(`id="next"`)},
-		{"dead letters, category filter", get("/dead?category=receptor"), regexp.MustCompile(`<td>receptor</td>`)},
-		{"dead letters, name filter", get("/dead?name=mail"), regexp.MustCompile(`id="dead-letters"`)},
-		{"dead letters, stream filter", get("/dead?stream=dead-stream-7"), regexp.MustCompile(`dead-stream-7</a>`)},
-		{"dead letters, rare error filter", get("/dead?error=TIMEOUT+talking"), regexp.MustCompile(`timeout talking to smtp`)},
-		{"dead letters, no match", get("/dead?error=no-such-error"), regexp.MustCompile(`id="no-dead"`)},
-		{"dead letters, deep page", get("/dead?after=" + strconv.FormatInt(deepAfter, 10)), regexp.MustCompile(`id="dead-letters"`)},
-		{"held streams", get("/held"), regexp.MustCompile(`held-stream-`)},
-		{"pauses", get("/paused"), regexp.MustCompile(`<h1>`)},
-		{"stream timeline, long stream", get("/stream?id=long-stream"), regexp.MustCompile(`long-stream`)},
-		{"stream timeline, held stream", get("/stream?id=held-stream-3"), regexp.MustCompile(`held-stream-3`)},
-		{"bulk retry count, every dead letter", post("/retry", url.Values{"bulk": {"1"}}), regexp.MustCompile(`id="confirm-count"`)},
-		{"bulk discard count, error filter", post("/discard", url.Values{"bulk": {"1"}, "error": {"refused"}}), regexp.MustCompile(`id="confirm-count"`)},
+		{"overview (also the live chart's poll)", get("/"), regexp.MustCompile(`(?s)id="backlog".*<td class="num">≈\d+</td>.*id="estimated-note"`), nil},
+		{"dead letters", get("/dead"), regexp.MustCompile(`id="next"`), nil},
+		{"dead letters, category filter", get("/dead?category=receptor"), regexp.MustCompile(`<td>receptor</td>`), nil},
+		{"dead letters, name filter", get("/dead?name=mail"), regexp.MustCompile(`id="dead-letters"`), nil},
+		{"dead letters, stream filter", get("/dead?stream=dead-stream-7"), regexp.MustCompile(`dead-stream-7</a>`), nil},
+		{"dead letters, rare error filter", get("/dead?error=TIMEOUT+talking"), regexp.MustCompile(`timeout talking to smtp`), nil},
+		{"dead letters, no match", get("/dead?error=no-such-error"), regexp.MustCompile(`id="no-dead"`), nil},
+		{"dead letters, deep page", get("/dead?after=" + strconv.FormatInt(deepAfter, 10)), regexp.MustCompile(`id="dead-letters"`), nil},
+		{"held streams", get("/held"), regexp.MustCompile(`held-stream-`), nil},
+		{"pauses", get("/paused"), regexp.MustCompile(`<h1>`), nil},
+		{"stream timeline, long stream", get("/stream?id=long-stream"), regexp.MustCompile(`long-stream`), longTimeline},
+		{"stream timeline, held stream", get("/stream?id=held-stream-3"), regexp.MustCompile(`held-stream-3`), heldTimeline},
+		{"bulk retry count, every dead letter", post("/retry", url.Values{"bulk": {"1"}}), regexp.MustCompile(`id="confirm-count"`), nil},
+		{"bulk discard count, error filter", post("/discard", url.Values{"bulk": {"1"}, "error": {"refused"}}), regexp.MustCompile(`id="confirm-count"`), nil},
 	}
 	const rounds = 7
 	var report strings.Builder
@@ -162,6 +182,11 @@ func TestPageLatencyOnPostgres(t *testing.T) {
 			}
 			if !p.want.MatchString(rec.Body.String()) {
 				t.Fatalf("%s: the page does not match %s:\n%s", p.name, p.want, rec.Body.String())
+			}
+			if p.check != nil {
+				if err := p.check(rec.Body.String()); err != nil {
+					t.Fatalf("%s: %v", p.name, err)
+				}
 			}
 		}
 		slices.Sort(took)
@@ -307,7 +332,7 @@ ON CONFLICT DO NOTHING`)
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := coord.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox}, Lease: time.Hour, MaxPerCategory: 100}); err != nil {
+		if _, err := coord.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox}, Lease: 5 * time.Minute, MaxPerCategory: 100}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -589,11 +589,10 @@ func (u *ui) pauseAction(pause bool) http.HandlerFunc {
 
 // --- one stream ---
 
-// timelineScan caps the unprocessed rows of each category that the
-// stream page reads: the driver lists work in Seq order without a stream
-// filter, so with a larger backlog the page says that it looked at the
-// first timelineScan rows only.
-const timelineScan = 5000
+// timelineLimit caps the items of each category that the stream page
+// lists (the stream's first ones, in enqueue order); the page says when a
+// category has more.
+const timelineLimit = 1000
 
 type streamData struct {
 	Stream    string
@@ -610,6 +609,7 @@ type streamData struct {
 	Dead       []driver.DeadLetter
 	MoreDead   bool
 	Truncated  []driver.Category
+	Limit      int // the items listed per category at most
 	InstanceOf map[uuid.UUID]string
 }
 
@@ -622,7 +622,7 @@ type streamItem struct {
 func (u *ui) stream(r *http.Request, v *view) (string, error) {
 	v.Title, v.Nav = "Stream", "stream"
 	q := r.URL.Query()
-	d := streamData{Stream: q.Get("id"), Category: q.Get("category"), Supported: u.lister != nil, Partition: -1}
+	d := streamData{Stream: q.Get("id"), Category: q.Get("category"), Supported: u.lister != nil, Partition: -1, Limit: timelineLimit}
 	v.Data = &d
 	if d.Stream == "" {
 		return "stream", nil
@@ -679,14 +679,13 @@ func (u *ui) stream(r *http.Request, v *view) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rows, err := u.lister.ListWork(ctx, driver.WorkQuery{Categories: cats, Limit: timelineScan})
+	rows, err := u.lister.ListWork(ctx, driver.WorkQuery{Categories: cats, StreamID: d.Stream, Limit: timelineLimit + 1})
 	if err != nil {
 		return "", err
 	}
 	perCat := map[driver.Category]int{}
 	for _, ws := range rows {
-		perCat[ws.Category]++
-		if ws.StreamID != d.Stream {
+		if perCat[ws.Category]++; perCat[ws.Category] > timelineLimit {
 			continue
 		}
 		it := streamItem{WorkState: ws, State: itemState(ws, now, holding[ws.ID])}
@@ -695,7 +694,7 @@ func (u *ui) stream(r *http.Request, v *view) (string, error) {
 		d.Partition = ws.Partition
 	}
 	for _, c := range driver.Categories {
-		if perCat[c] >= timelineScan {
+		if perCat[c] > timelineLimit {
 			d.Truncated = append(d.Truncated, c)
 		}
 	}

@@ -27,7 +27,7 @@ func (s *Store) ListWork(ctx context.Context, q driver.WorkQuery) ([]driver.Work
 		c := s.cat(cat)
 		var rows []*row
 		for _, r := range c.rows {
-			if r.processedAt.IsZero() && !r.removed {
+			if r.processedAt.IsZero() && !r.removed && (q.StreamID == "" || r.w.StreamID == q.StreamID) {
 				rows = append(rows, r)
 			}
 		}
@@ -64,7 +64,7 @@ func (s *Store) ListWorkTx(ctx context.Context, tx *Tx, q driver.WorkQuery) ([]d
 		n := 0
 		for _, rs := range tx.rows {
 			for _, r := range rs {
-				if r.w.Category != cat || (q.Limit > 0 && n >= q.Limit) {
+				if r.w.Category != cat || (q.Limit > 0 && n >= q.Limit) || (q.StreamID != "" && r.w.StreamID != q.StreamID) {
 					continue
 				}
 				n++

@@ -116,6 +116,9 @@ func (c *Core) actOnDead(ctx context.Context, op, action string, a driver.DeadLe
 	if err := a.Validate(); err != nil {
 		return driver.DeadLetterActionResult{}, fmt.Errorf("%s: %s: %w", c.name, op, err)
 	}
+	if a.DryRun && len(a.Filter.IDs) == 0 {
+		return c.countDead(ctx, op, a.Filter)
+	}
 	args := append([]any{action}, c.filterArgs(a.Filter)...)
 	args = append(args, a.DryRun, nil)
 	// A retry that raced an enqueue of one of its ids changed nothing and

@@ -63,49 +63,108 @@ func waitStates(now string) (ready, scheduled, leased, orphaned, held string) {
 		"t.scheduled_for = " + heldSQL + " AND t.instance_id IS NULL"
 }
 
+// wakeRange is one range of the _wake index's key: every waiting row is
+// in exactly one. Each range is read from the end where its minority
+// states gather (expired leases are the latest past wake times, unexpired
+// leases the nearest future ones), so a sample of a big range holds them.
+type wakeRange struct {
+	cond  func(now string) string // on wakeExpr
+	order string
+	bulk  int // the state that fills the range when it is big (index in rangeCounts)
+}
+
+// The states counted in each range, in column order.
+const (
+	stReady = iota
+	stScheduled
+	stLeased
+	stOrphaned
+	stHeld
+	nStates
+)
+
+var wakeRanges = []wakeRange{
+	{func(now string) string { return wakeExpr + " <= " + now }, wakeExpr + " DESC", stReady},                                 // due
+	{func(now string) string { return wakeExpr + " > " + now + " AND " + wakeExpr + " < " + heldSQL }, wakeExpr, stScheduled}, // later
+	{func(string) string { return wakeExpr + " >= " + heldSQL }, wakeExpr, stHeld},                                            // held
+}
+
 // estimateCountsSQL renders the statement that counts, per category, at
 // most $limit rows of each part: the fresh rows (all ready), the waiting
-// rows by state, the kept processed rows and the dead letters. Each
-// sub-select is an ordered LIMIT on the key of the index whose predicate
-// it repeats, so it reads at most limit index entries (and, for the
-// waiting rows, their heap rows), whatever the table's size. A part whose
-// count reaches limit is too big to count: its figures are then estimated.
-// Every placeholder is used once (clients that interpolate "?" consume one
-// argument per mark); estimateArgs lists their values.
+// rows of each wake range by state, the kept processed rows and the dead
+// letters. Each sub-select is an ordered LIMIT on the key of the index
+// whose predicate it repeats, so it reads at most limit index entries
+// (and, for the waiting rows, their heap rows), whatever the table's size.
+// A part whose count reaches limit is too big to count: its total is then
+// estimated. Every placeholder is used once (clients that interpolate "?"
+// consume one argument per mark); estimateArgs lists their values.
 func (c *Core) estimateCountsSQL() (string, []string) {
-	n := 0
-	var kinds []string
-	ph := func(kind string) string {
-		n++
-		kinds = append(kinds, kind)
-		if kind == "now" {
-			return c.d.ph(n) + "::timestamptz"
-		}
-		return c.d.ph(n) + "::bigint"
-	}
+	ph := func(kind string) string { return tokenOf[kind] }
 	dl := `"` + c.opts.Schema + `".wp_dead_letters d`
 	var b strings.Builder
 	for i, e := range c.estTables() {
 		if i > 0 {
 			b.WriteString(" UNION ALL ")
 		}
-		now := ph("now")
-		ready, sched, leased, orphaned, held := waitStates(now)
 		processed := "0::bigint"
 		if e.keeps {
 			processed = "(SELECT count(*) FROM (SELECT 1 FROM " + e.table + " WHERE t." + e.done + " IS NOT NULL ORDER BY t." + e.done + " LIMIT " + ph("limit") + ") x)"
 		}
 		b.WriteString("SELECT '" + string(e.cat) + "'::text," +
-			" (SELECT count(*) FROM (SELECT 1 FROM " + e.table + " WHERE " + freshPred(e.done) + " ORDER BY t.seq LIMIT " + ph("limit") + ") x)," +
-			" w.n, w.ready, w.scheduled, w.leased, w.orphaned, w.held, " + processed + "," +
-			" (SELECT count(*) FROM (SELECT 1 FROM " + dl + " WHERE d.category = '" + string(e.cat) + "' ORDER BY d.category, d.id LIMIT " + ph("limit") + ") x)" +
-			" FROM (SELECT count(*) AS n, count(*) FILTER (WHERE " + ready + ") AS ready, count(*) FILTER (WHERE " + sched + ") AS scheduled," +
-			" count(*) FILTER (WHERE " + leased + ") AS leased, count(*) FILTER (WHERE " + orphaned + ") AS orphaned," +
-			" count(*) FILTER (WHERE " + held + ") AS held" +
-			" FROM (SELECT t.scheduled_for, t.instance_id, t.lease_expiry FROM " + e.table + " WHERE " + waitPred(e.done) +
-			" ORDER BY " + wakeExpr + " LIMIT " + ph("limit") + ") t) w")
+			" (SELECT count(*) FROM (SELECT 1 FROM " + e.table + " WHERE " + freshPred(e.done) + " ORDER BY t.seq LIMIT " + ph("limit") + ") x), " +
+			processed + "," +
+			" (SELECT count(*) FROM (SELECT 1 FROM " + dl + " WHERE d.category = '" + string(e.cat) + "' ORDER BY d.category, d.id LIMIT " + ph("limit") + ") x)")
+		var from []string
+		for j, r := range wakeRanges {
+			now := ph("now")
+			ready, sched, leased, orphaned, held := waitStates(now)
+			w := "w" + string(rune('0'+j))
+			b.WriteString(", " + w + ".*")
+			from = append(from, "(SELECT count(*), count(*) FILTER (WHERE "+ready+"), count(*) FILTER (WHERE "+sched+"),"+
+				" count(*) FILTER (WHERE "+leased+"), count(*) FILTER (WHERE "+orphaned+"), count(*) FILTER (WHERE "+held+")"+
+				" FROM (SELECT t.scheduled_for, t.instance_id, t.lease_expiry FROM "+e.table+" WHERE "+waitPred(e.done)+
+				" AND "+r.cond(now)+" ORDER BY "+r.order+" LIMIT "+ph("limit")+") t) "+w)
+		}
+		b.WriteString(" FROM " + strings.Join(from, " CROSS JOIN "))
 	}
-	return b.String(), kinds
+	return c.placeholders(b.String())
+}
+
+// The tokens the estimate statements are written with, one per use of a
+// value; placeholders numbers them in text order.
+const (
+	nowToken   = "\x00now\x00"
+	limitToken = "\x00limit\x00"
+)
+
+var tokenOf = map[string]string{"now": nowToken, "limit": limitToken}
+
+// placeholders replaces the tokens of text by the dialect's placeholders
+// in text order, each with its cast, and returns the value kinds in that
+// order ("now" or "limit"): every use is a placeholder of its own, as
+// clients that interpolate "?" consume one argument per mark.
+func (c *Core) placeholders(text string) (string, []string) {
+	var (
+		b     strings.Builder
+		kinds []string
+	)
+	for {
+		i := strings.IndexByte(text, 0)
+		if i < 0 {
+			b.WriteString(text)
+			return b.String(), kinds
+		}
+		b.WriteString(text[:i])
+		j := strings.IndexByte(text[i+1:], 0) + i + 1
+		kind := text[i+1 : j]
+		kinds = append(kinds, kind)
+		if kind == "now" {
+			b.WriteString(c.d.ph(len(kinds)) + "::timestamptz")
+		} else {
+			b.WriteString(c.d.ph(len(kinds)) + "::bigint")
+		}
+		text = text[j+1:]
+	}
 }
 
 // estimateLeasesSQL renders the statement behind LeasesByInstance: the
@@ -114,16 +173,7 @@ func (c *Core) estimateCountsSQL() (string, []string) {
 // category. Exact whenever the category's waiting rows number below
 // limit.
 func (c *Core) estimateLeasesSQL() (string, []string) {
-	n := 0
-	var kinds []string
-	ph := func(kind string) string {
-		n++
-		kinds = append(kinds, kind)
-		if kind == "now" {
-			return c.d.ph(n) + "::timestamptz"
-		}
-		return c.d.ph(n) + "::bigint"
-	}
+	ph := func(kind string) string { return tokenOf[kind] }
 	var b strings.Builder
 	for i, e := range c.estTables() {
 		if i > 0 {
@@ -134,7 +184,7 @@ func (c *Core) estimateLeasesSQL() (string, []string) {
 			" ORDER BY " + wakeExpr + " LIMIT " + ph("limit") + ") x WHERE x.instance_id IS NOT NULL AND x.lease_expiry >= " + ph("now") +
 			" GROUP BY x.instance_id")
 	}
-	return b.String(), kinds
+	return c.placeholders(b.String())
 }
 
 func estimateArgs(kinds []string, now time.Time, limit int64) []any {
@@ -172,18 +222,31 @@ func (c *Core) EstimateStats(ctx context.Context, exact int) (driver.Stats, erro
 		LeasesByInstance: make(map[uuid.UUID]map[driver.Category]int),
 	}
 	// raw holds one category's counts, each of at most limit rows.
-	type raw struct{ fresh, wait, ready, sched, leased, orph, held, processed, dead int64 }
-	counted := map[driver.Category]raw{}
+	type raw struct {
+		fresh, processed, dead int64
+		ranges                 [3]struct {
+			n      int64
+			states [nStates]int64
+		}
+	}
+	counted := map[driver.Category]*raw{}
 	text, kinds := c.estimateCountsSQL()
 	if err := c.each(ctx, "EstimateStats", text, estimateArgs(kinds, now, limit), func(rows Rows) error {
 		var (
 			cat string
 			r   raw
 		)
-		if err := rows.Scan(&cat, &r.fresh, &r.wait, &r.ready, &r.sched, &r.leased, &r.orph, &r.held, &r.processed, &r.dead); err != nil {
+		dest := []any{&cat, &r.fresh, &r.processed, &r.dead}
+		for j := range r.ranges {
+			dest = append(dest, &r.ranges[j].n)
+			for k := range nStates {
+				dest = append(dest, &r.ranges[j].states[k])
+			}
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return err
 		}
-		counted[driver.Category(cat)] = r
+		counted[driver.Category(cat)] = &r
 		return nil
 	}); err != nil {
 		return driver.Stats{}, err
@@ -191,43 +254,51 @@ func (c *Core) EstimateStats(ctx context.Context, exact int) (driver.Stats, erro
 	lit := "'" + now.UTC().Format("2006-01-02 15:04:05.999999") + "+00'::timestamptz"
 	for _, e := range c.estTables() {
 		r := counted[e.cat]
+		if r == nil {
+			return driver.Stats{}, fmt.Errorf("%s: EstimateStats: no counts for %s", c.name, e.cat)
+		}
+		estimated := false
 		// A part whose count reached limit has more rows than were read:
-		// its counts are the planner's (at least limit for the part's
-		// total, which is known to be that big).
-		est := func(table, where string, atLeast int64) (int64, error) {
+		// its total is the planner's, at least limit.
+		est := func(table, where string) (int64, error) {
+			estimated = true
 			n, err := c.planRows(ctx, table, where)
-			return max(n, atLeast), err
+			return max(n, limit), err
 		}
 		if r.fresh >= limit {
-			if r.fresh, err = est(e.table, freshPred(e.done), limit); err != nil {
+			if r.fresh, err = est(e.table, freshPred(e.done)); err != nil {
 				return driver.Stats{}, err
 			}
 		}
-		if r.wait >= limit {
-			ready, sched, leased, orphaned, held := waitStates(lit)
-			w := waitPred(e.done) + " AND "
-			for _, x := range []struct {
-				dst  *int64
-				pred string
-			}{{&r.ready, ready}, {&r.sched, sched}, {&r.leased, leased}, {&r.orph, orphaned}, {&r.held, held}} {
-				if *x.dst, err = est(e.table, w+x.pred, 0); err != nil {
-					return driver.Stats{}, err
-				}
-			}
-		}
 		if r.processed >= limit {
-			if r.processed, err = est(e.table, "t."+e.done+" IS NOT NULL", limit); err != nil {
+			if r.processed, err = est(e.table, "t."+e.done+" IS NOT NULL"); err != nil {
 				return driver.Stats{}, err
 			}
 		}
 		if r.dead >= limit {
-			if r.dead, err = est(`"`+c.opts.Schema+`".wp_dead_letters t`, "t.category = '"+string(e.cat)+"'", limit); err != nil {
+			if r.dead, err = est(`"`+c.opts.Schema+`".wp_dead_letters t`, "t.category = '"+string(e.cat)+"'"); err != nil {
 				return driver.Stats{}, err
 			}
 		}
-		st.Categories[e.cat] = driver.CategoryStats{Ready: int(r.fresh + r.ready), Scheduled: int(r.sched), Held: int(r.held),
-			Leased: int(r.leased), Orphaned: int(r.orph), Processed: int(r.processed), DeadLetters: int(r.dead),
-			Estimated: r.fresh >= limit || r.wait >= limit || r.processed >= limit || r.dead >= limit}
+		var states [nStates]int64
+		for j, wr := range wakeRanges {
+			rc := r.ranges[j]
+			if rc.n >= limit {
+				// The states read in the sample stand; the range's bulk
+				// state takes the rest of its estimated total.
+				total, err := est(e.table, waitPred(e.done)+" AND "+wr.cond(lit))
+				if err != nil {
+					return driver.Stats{}, err
+				}
+				rc.states[wr.bulk] += total - rc.n
+			}
+			for k := range nStates {
+				states[k] += rc.states[k]
+			}
+		}
+		st.Categories[e.cat] = driver.CategoryStats{Ready: int(r.fresh + states[stReady]), Scheduled: int(states[stScheduled]),
+			Held: int(states[stHeld]), Leased: int(states[stLeased]), Orphaned: int(states[stOrphaned]),
+			Processed: int(r.processed), DeadLetters: int(r.dead), Estimated: estimated}
 	}
 	for _, cs := range st.Categories {
 		st.DeadLetters += cs.DeadLetters

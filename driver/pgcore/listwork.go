@@ -46,11 +46,18 @@ func (c *Core) ListWorkOn(ctx context.Context, qr Querier, q driver.WorkQuery) (
 		}
 		text := "SELECT " + migrations.KeyColumn(string(cat)) + ", stream_id, partition_number, name, message_type, payload, metadata," +
 			" attempts, seq, scheduled_for, created_at, lease_expiry, instance_id, last_error" +
-			" FROM " + schema + "." + migrations.Table(string(cat)) + " WHERE " + done + " IS NULL ORDER BY seq"
+			" FROM " + schema + "." + migrations.Table(string(cat)) + " WHERE " + done + " IS NULL"
 		var args []any
+		if q.StreamID != "" {
+			// A stream's rows share its partition: the second condition
+			// is for the planner, whose estimate it sharpens.
+			args = append(args, q.StreamID, int32(driver.PartitionOf(q.StreamID, c.opts.PartitionCount)))
+			text += " AND stream_id = " + c.d.ph(1) + "::text AND partition_number = " + c.d.ph(2) + "::integer"
+		}
+		text += " ORDER BY seq"
 		if q.Limit > 0 {
-			text += " LIMIT " + c.d.ph(1) + "::bigint"
 			args = append(args, q.Limit)
+			text += " LIMIT " + c.d.ph(len(args)) + "::bigint"
 		}
 		rows, err := qr.Query(ctx, text, args...)
 		if err != nil {
