@@ -9,6 +9,10 @@
 // only through the driver's optional capabilities, with POST requests
 // protected against cross-site request forgery, unless Options.ReadOnly.
 //
+// The overview, which a browser polls every few seconds for its live
+// part, counts through driver.StatsEstimator when the driver has it: a
+// backlog beyond a limit is estimated (and marked ≈) rather than counted.
+//
 // Everything it serves is embedded: it loads nothing from the network, so
 // it works offline, and its Content-Security-Policy allows nothing but its
 // own origin.
