@@ -38,6 +38,7 @@ type benchConfig struct {
 	cpuProfile                         string
 	otel                               bool
 	otelSampling                       float64
+	processes                          int // bench_procs.go: 0 runs the pumps in this process
 }
 
 // benchResult is the --json line.
@@ -74,9 +75,13 @@ type benchResult struct {
 	LockWaitShareNoPump float64         `json:"lock_wait_share_no_pump,omitempty"`
 	LockWaitSharePump   float64         `json:"lock_wait_share_pump,omitempty"`
 	Phases              []appwritePhase `json:"phases,omitempty"`
+	*procsResult                        // --processes
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if os.Getenv(benchChildEnv) != "" {
+		return runBenchChild(ctx, args, stdout, stderr)
+	}
 	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle|appwrite] [--repeat N] [--json]", stderr)
 	var c benchConfig
 	fs.IntVar(&c.n, "n", 200000, "burndown: items to drain")
@@ -101,6 +106,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.repeat, "repeat", 1, "run the bench this many times, each on a fresh store, and end with the medians")
 	fs.BoolVar(&c.otel, "otel", false, "burndown: instrument every pump with otelworkpump on real OpenTelemetry SDK providers whose output goes nowhere (a metric reader never collected, spans batched to an exporter that drops them), backlog gauges included")
 	fs.Float64Var(&c.otelSampling, "otel-sampling", 1, "--otel: the share of items whose handler span is recorded (a parent-based trace-id ratio sampler; 1 records every span)")
+	fs.IntVar(&c.processes, "processes", 0, "burndown on Postgres: run the --instances pumps in this many child processes of this binary, spread evenly, and report per instance, per process (CPU time included) and in all; 0 runs them in this process")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
 	fs.StringVar(&c.schema, "schema", "", "Postgres schema (default: a new workpump_bench_<random> schema, dropped at the end)")
@@ -155,6 +161,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--otel-sampling must be between 0 and 1")
 	case c.asyncClaims && c.databaseURL == "":
 		return usagef("--async-claims: the in-memory driver has no commits to make asynchronous; give --database-url")
+	case c.processes < 0:
+		return usagef("--processes must be >= 0")
+	case c.processes > 0 && c.databaseURL == "":
+		return usagef("--processes: an in-memory store cannot be shared across processes; give --database-url")
+	case c.processes > 0 && c.mode != "burndown":
+		return usagef("--processes: only --mode burndown has it")
+	case c.processes > c.instances:
+		return usagef("--processes %d needs --instances >= %d: every process runs at least one instance", c.processes, c.processes)
+	case c.processes > 0 && (c.otel || c.cpuProfile != ""):
+		return usagef("--processes: --otel and --cpuprofile work in this process only")
 	}
 	var runs []benchResult
 	for range c.repeat {
@@ -204,6 +220,10 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 	var err error
 	switch c.mode {
 	case "burndown":
+		if c.processes > 0 {
+			res, err = burndownProcs(ctx, c, be.(*pgBenchBackend), stdout)
+			break
+		}
 		res, err = burndown(ctx, c, be, stdout)
 	case "continuous":
 		res, err = continuous(ctx, c, be, stdout)
@@ -240,6 +260,7 @@ func medianOf(runs []benchResult) benchResult {
 	out := runs[0]
 	out.Runs = len(runs)
 	out.RowsWritten = nil
+	out.procsResult = nil // per-instance figures have no median
 	out.Seconds = med(func(r benchResult) float64 { return r.Seconds })
 	out.ItemsPerSec = med(func(r benchResult) float64 { return r.ItemsPerSec })
 	out.EnqueueItemsPerSec = med(func(r benchResult) float64 { return r.EnqueueItemsPerSec })

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/pgxdriver"
+	"github.com/workpump/workpump/internal/pgtest"
+)
+
+func TestBenchProcesses_UsageErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--processes", "2", "--instances", "2"}, "--processes: an in-memory store cannot be shared across processes"},
+		{[]string{"bench", "--processes", "1"}, "--processes: an in-memory store cannot be shared across processes"},
+		{[]string{"bench", "--processes", "-1"}, "--processes must be >= 0"},
+		{[]string{"bench", "--processes", "3", "--instances", "2", "--database-url", "postgres://x"}, "--processes 3 needs --instances >= 3"},
+		{[]string{"bench", "--processes", "2", "--database-url", "postgres://x"}, "--processes 2 needs --instances >= 2"},
+		{[]string{"bench", "--processes", "2", "--instances", "2", "--mode", "continuous", "--database-url", "postgres://x"}, "--processes: only --mode burndown has it"},
+		{[]string{"bench", "--processes", "2", "--instances", "2", "--otel", "--database-url", "postgres://x"}, "--processes: --otel and --cpuprofile work in this process only"},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			r := runCLI(t, nil, c.args...)
+			if r.code != 2 {
+				t.Fatalf("exit = %d, want 2; stderr: %s", r.code, r.stderr)
+			}
+			if !strings.Contains(r.stderr, c.want) {
+				t.Fatalf("stderr = %q, want it to contain %q", r.stderr, c.want)
+			}
+			if strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+				t.Fatalf("stderr has more than one line: %q", r.stderr)
+			}
+		})
+	}
+}
+
+func TestShares(t *testing.T) {
+	for _, c := range []struct {
+		k, p int
+		want []int
+	}{
+		{3, 2, []int{2, 1}},
+		{16, 4, []int{4, 4, 4, 4}},
+		{7, 3, []int{3, 2, 2}},
+		{2, 2, []int{1, 1}},
+	} {
+		if got := shares(c.k, c.p); !slices.Equal(got, c.want) {
+			t.Errorf("shares(%d, %d) = %v, want %v", c.k, c.p, got, c.want)
+		}
+	}
+}
+
+// TestOrderCheck: the runs a process cuts from its handler records and the
+// parent's merge find a stream's item handled before the one ahead of it
+// returned, in one process or across two, and count duplicates and
+// missing items.
+func TestOrderCheck(t *testing.T) {
+	// 4 items over 2 streams: stream 0 holds positions 0 and 1, stream 1 too.
+	inOrder := []handled{{0, 0, 10, 11}, {0, 1, 20, 21}, {1, 0, 10, 12}, {1, 1, 15, 16}}
+	if got := checkOrder(runsOf(slices.Clone(inOrder)), 4, 2); got != (orderResult{}) {
+		t.Fatalf("in order, one process: %+v", got)
+	}
+	if runs := runsOf(slices.Clone(inOrder)); len(runs) != 2 {
+		t.Fatalf("runs of two in-order streams = %v, want one per stream", runs)
+	}
+	// Stream 0 moves between processes, in order: its position 1 starts
+	// (20) after position 0 returned (11) in the other process.
+	a := runsOf([]handled{{0, 0, 10, 11}, {1, 0, 10, 12}, {1, 1, 15, 16}})
+	b := runsOf([]handled{{0, 1, 20, 21}})
+	if got := checkOrder(append(a, b...), 4, 2); got != (orderResult{}) {
+		t.Fatalf("in order across processes: %+v", got)
+	}
+	// ... and out of order: position 1 started at 5, before position 0
+	// (10–11) returned.
+	b = runsOf([]handled{{0, 1, 5, 6}})
+	if got := checkOrder(append(slices.Clone(a), b...), 4, 2); got.violations != 1 {
+		t.Fatalf("out of order across processes: %+v, want 1 violation", got)
+	}
+	// Out of order in one process: stream 1's position 1 ran before 0.
+	one := runsOf([]handled{{0, 0, 10, 11}, {0, 1, 20, 21}, {1, 0, 10, 12}, {1, 1, 5, 6}})
+	if got := checkOrder(one, 4, 2); got.violations != 1 {
+		t.Fatalf("out of order in one process: %+v, want 1 violation", got)
+	}
+	// Overlapping runs of one stream in one process (position 1 started
+	// before 0 returned).
+	if got := checkOrder(runsOf([]handled{{0, 0, 10, 30}, {0, 1, 20, 21}, {1, 0, 1, 2}, {1, 1, 3, 4}}), 4, 2); got.violations != 1 {
+		t.Fatalf("overlapping handlers: %+v, want 1 violation", got)
+	}
+	// A duplicate and a missing item.
+	dup := runsOf([]handled{{0, 0, 10, 11}, {0, 0, 12, 13}, {0, 1, 20, 21}, {1, 0, 1, 2}})
+	if got := checkOrder(dup, 4, 2); got.duplicates != 1 || got.missing != 1 || got.violations != 0 {
+		t.Fatalf("duplicate and missing: %+v, want 1 duplicate, 1 missing", got)
+	}
+	// A stream nobody handled is missing whole.
+	if got := checkOrder(runsOf([]handled{{0, 0, 10, 11}, {0, 1, 20, 21}}), 4, 2); got.missing != 2 {
+		t.Fatalf("unhandled stream: %+v, want 2 missing", got)
+	}
+}
+
+// TestBenchProcesses_Postgres: the multi-process burn-down drains every
+// item with 3 instances in 2 child processes (2+1), counts every completion
+// at one instance, and finds handlers in stream order.
+func TestBenchProcesses_Postgres(t *testing.T) {
+	url := pgtest.URL(t)
+	schema := pgtest.Schema(t)
+	const n = 3000
+	r := runCLI(t, []string{"WORKPUMP_DATABASE_URL=" + url}, "bench", "--processes", "2", "--instances", "3", "-n", "3000", "--streams", "100", "--schema", schema, "--json")
+	if r.code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	// json cannot fill benchResult's embedded pointer to an unexported
+	// type, so the line is read into the same fields by value.
+	var res struct {
+		Items     int `json:"items"`
+		Instances int `json:"instances"`
+		procsResult
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
+	}
+	p := res.procsResult
+	if res.Items != n || res.Instances != 3 || p.Processes != 2 || !slices.Equal(p.InstancesPerProcess, []int{2, 1}) {
+		t.Fatalf("items %d, instances %d, processes %d, per process %v; want %d, 3, 2, [2 1]", res.Items, res.Instances, p.Processes, p.InstancesPerProcess, n)
+	}
+	if len(p.PerInstance) != 3 || len(p.PerProcess) != 2 || len(p.ProcessCPUSeconds) != 2 {
+		t.Fatalf("per instance %v, per process %v, CPU %v: want 3, 2 and 2 entries", p.PerInstance, p.PerProcess, p.ProcessCPUSeconds)
+	}
+	var sum int64
+	for _, v := range p.PerInstance {
+		sum += v
+	}
+	if sum != n || p.PerProcess[0] != p.PerInstance[0]+p.PerInstance[1] || p.PerProcess[1] != p.PerInstance[2] {
+		t.Fatalf("per instance %v (sum %d), per process %v; want a sum of %d split 2+1", p.PerInstance, sum, p.PerProcess, n)
+	}
+	if p.OrderCheck != orderCheckMethod || p.OrderViolations != 0 || p.Duplicates != 0 || p.Missing != 0 {
+		t.Fatalf("order check %q: %d violations, %d duplicates, %d missing; want 0", p.OrderCheck, p.OrderViolations, p.Duplicates, p.Missing)
+	}
+	if p.ProcessCPUSeconds[0] <= 0 || p.PGCommits <= 0 {
+		t.Fatalf("process CPU %v, commits %d: want both measured", p.ProcessCPUSeconds, p.PGCommits)
+	}
+	for _, want := range []string{"order violations: 0 (duplicates 0, missing 0)", "process 2 (pid ", "instance 3: "} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("stdout lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	// Nothing is left in the store.
+	coord, err := pgxdriver.New(pgtest.Pool(t), pgxdriver.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := coord.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := st.DeadLetters
+	for _, cs := range st.Categories {
+		left += cs.Ready + cs.Scheduled + cs.Leased + cs.Orphaned
+	}
+	if left != 0 {
+		t.Fatalf("%d items left in the schema after the bench: %+v", left, st)
+	}
+}
+
+// TestBenchChild_StopsOnStdinEOF: a child stops when its stdin ends, which
+// is how it follows a parent that died: before the go line it exits
+// without starting; once running it stops its pumps, reports what it did
+// and exits 0.
+func TestBenchChild_StopsOnStdinEOF(t *testing.T) {
+	url := pgtest.URL(t)
+	schema := pgtest.Schema(t)
+	coord, err := pgxdriver.New(pgtest.Pool(t), pgxdriver.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, streams = 200, 20
+	var items []driver.NewWork
+	for k := range n {
+		items = append(items, driver.NewWork{Category: driver.Outbox, StreamID: "s" + string(rune('a'+k%streams)), Name: "bench", Payload: itemPayload(k%streams, k/streams)})
+	}
+	if _, err := coord.Enqueue(context.Background(), items); err != nil {
+		t.Fatal(err)
+	}
+	start := func() (*exec.Cmd, io.WriteCloser, *bufio.Scanner) {
+		cmd := exec.Command(cliBinary, "bench", "--schema", schema, "--instances", "2")
+		cmd.Env = append(os.Environ(), benchChildEnv+"=1", "WORKPUMP_DATABASE_URL="+url)
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(nil, 16<<20)
+		return cmd, stdin, sc
+	}
+	next := func(sc *bufio.Scanner) procMsg {
+		t.Helper()
+		if !sc.Scan() {
+			t.Fatalf("child's stdout ended: %v", sc.Err())
+		}
+		var m procMsg
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("child wrote %q: %v", sc.Text(), err)
+		}
+		return m
+	}
+	waitExit := func(cmd *exec.Cmd) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("child exit: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("child did not exit within 30 s of its stdin ending")
+		}
+	}
+
+	// EOF before the go line: no pump ever starts, nothing is drained.
+	cmd, stdin, sc := start()
+	if m := next(sc); m.Type != "ready" {
+		t.Fatalf("first line %+v, want ready", m)
+	}
+	stdin.Close()
+	if sc.Scan() {
+		t.Fatalf("child wrote %q after EOF before go; want nothing", sc.Text())
+	}
+	waitExit(cmd)
+	st, err := coord.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Categories[driver.Outbox].Ready; got != n {
+		t.Fatalf("%d outbox items ready after a child that never got go, want %d", got, n)
+	}
+
+	// EOF after go: the child drains, then stops and reports.
+	cmd, stdin, sc = start()
+	if m := next(sc); m.Type != "ready" {
+		t.Fatalf("first line %+v, want ready", m)
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m := next(sc)
+		if m.Type != "progress" {
+			t.Fatalf("line %+v, want progress", m)
+		}
+		if len(m.Completed) == 2 && m.Completed[0]+m.Completed[1] == n {
+			break
+		}
+	}
+	stdin.Close()
+	var final procMsg
+	for final = next(sc); final.Type == "progress"; final = next(sc) {
+	}
+	waitExit(cmd)
+	if final.Type != "final" || len(final.Completed) != 2 || final.Completed[0]+final.Completed[1] != n {
+		t.Fatalf("final report %+v, want 2 instances completing %d", final, n)
+	}
+	if got := checkOrder(final.Runs, n, streams); got != (orderResult{}) {
+		t.Fatalf("order check of the child's runs: %+v", got)
+	}
+}
