@@ -24,6 +24,7 @@ func outcomeCases() []testCase {
 		{name: "Holds/AnItemWithoutAStreamHoldsNothing", run: holdStreamless},
 		{name: "Holds/RetryAndDiscardWakeTheStreamsClaimer", needs: needSignals, run: holdWakes},
 		{name: "Holds/AnOlderDeathOfAHeldItemDoesNotEndTheHold", run: holdOlderDeath},
+		{name: "Holds/ListHeldStreamsOldestFirstWithinALimit", run: holdListOrderAndLimit},
 		{name: "Holds/TheDeadLettersOfOneCallAreNumberedByCategoryThenSeq", run: deadNumbersOfOneCall},
 		enqueueReject("Enqueue/RejectsAScheduleAtHeldUntil", driver.ErrInvalidArgument, "ScheduledFor", func(f *fixture) []driver.NewWork {
 			w := item(driver.Outbox, "")

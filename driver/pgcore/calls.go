@@ -42,7 +42,6 @@ var (
 	callStats          = call{"wp_stats", []string{"timestamptz"}, true}
 	callStatsLeases    = call{"wp_stats_leases", []string{"timestamptz"}, true}
 	callStatsHeld      = call{"wp_stats_held", nil, true}
-	callHeldStreams    = call{"wp_held_streams", []string{"integer"}, true}
 	callCancel         = call{"wp_cancel_work", []string{"text", "uuid[]", "text", "timestamptz"}, true}
 	callPause          = call{"wp_pause_work", []string{"text", "boolean", "text", "timestamptz"}, false}
 	callResume         = call{"wp_resume_work", []string{"text", "boolean", "text"}, false}
@@ -200,7 +199,7 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 		stats:          callStats.sql(schema, ph),
 		statsLeases:    callStatsLeases.sql(schema, ph),
 		statsHeld:      callStatsHeld.sql(schema, ph),
-		heldStreams:    callHeldStreams.sql(schema, ph),
+		heldStreams:    heldStreamsSQL(schema, ph),
 		cancel:         callCancel.sql(schema, ph),
 		pause:          callPause.sql(schema, ph),
 		resume:         callResume.sql(schema, ph),

@@ -183,7 +183,8 @@ func (c *Core) ListHeldStreams(ctx context.Context, limit int) ([]driver.HeldStr
 		return nil, err
 	}
 	out := []driver.HeldStream{}
-	err := c.each(ctx, "ListHeldStreams", c.sql.heldStreams, []any{int32(max(min(limit, 1<<31-1), 0))}, func(rows Rows) error {
+	lim := int32(max(min(limit, 1<<31-1), 0))
+	err := c.each(ctx, "ListHeldStreams", c.sql.heldStreams, []any{lim, lim}, func(rows Rows) error {
 		var (
 			h   driver.HeldStream
 			cat string
