@@ -82,7 +82,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if os.Getenv(benchChildEnv) != "" {
 		return runBenchChild(ctx, args, stdout, stderr)
 	}
-	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle|appwrite] [--repeat N] [--json]", stderr)
+	fs := newFlagSet("bench", "bench [--database-url URL] [-n N] [--instances K] [--processes P] [--mode burndown|continuous|idle|appwrite] [--repeat N] [--json]", stderr)
 	var c benchConfig
 	fs.IntVar(&c.n, "n", 200000, "burndown: items to drain")
 	fs.IntVar(&c.instances, "instances", 1, "pump instances (in this process)")
