@@ -70,7 +70,12 @@ func waitStates(now string) (ready, scheduled, leased, orphaned, held string) {
 type wakeRange struct {
 	cond  func(now string) string // on wakeExpr
 	order string
-	bulk  int // the state that fills the range when it is big (index in rangeCounts)
+	bulk  int // the state that fills the range when it is big
+	// bulkCond selects (with the part's done test) the unleased rows of
+	// the range by their schedule: the planner estimates it from the
+	// column's statistics, which it does not keep for the expression of
+	// a partial index.
+	bulkCond func(now string) string
 }
 
 // The states counted in each range, in column order.
@@ -84,9 +89,26 @@ const (
 )
 
 var wakeRanges = []wakeRange{
-	{func(now string) string { return wakeExpr + " <= " + now }, wakeExpr + " DESC", stReady},                                 // due
-	{func(now string) string { return wakeExpr + " > " + now + " AND " + wakeExpr + " < " + heldSQL }, wakeExpr, stScheduled}, // later
-	{func(string) string { return wakeExpr + " >= " + heldSQL }, wakeExpr, stHeld},                                            // held
+	{ // due
+		cond:     func(now string) string { return wakeExpr + " <= " + now },
+		order:    wakeExpr + " DESC",
+		bulk:     stReady,
+		bulkCond: func(now string) string { return "t.instance_id IS NULL AND t.scheduled_for <= " + now },
+	},
+	{ // later
+		cond:  func(now string) string { return wakeExpr + " > " + now + " AND " + wakeExpr + " < " + heldSQL },
+		order: wakeExpr,
+		bulk:  stScheduled,
+		bulkCond: func(now string) string {
+			return "t.instance_id IS NULL AND t.scheduled_for > " + now + " AND t.scheduled_for < " + heldSQL
+		},
+	},
+	{ // held
+		cond:     func(string) string { return wakeExpr + " >= " + heldSQL },
+		order:    wakeExpr,
+		bulk:     stHeld,
+		bulkCond: func(string) string { return "t.instance_id IS NULL AND t.scheduled_for >= " + heldSQL },
+	},
 }
 
 // estimateCountsSQL renders the statement that counts, per category, at
@@ -284,13 +306,14 @@ func (c *Core) EstimateStats(ctx context.Context, exact int) (driver.Stats, erro
 		for j, wr := range wakeRanges {
 			rc := r.ranges[j]
 			if rc.n >= limit {
-				// The states read in the sample stand; the range's bulk
-				// state takes the rest of its estimated total.
-				total, err := est(e.table, waitPred(e.done)+" AND "+wr.cond(lit))
+				// The range's bulk state is the planner's estimate of
+				// its rows; the other states stand as the sample counted
+				// them.
+				bulk, err := est(e.table, "t."+e.done+" IS NULL AND "+wr.bulkCond(lit))
 				if err != nil {
 					return driver.Stats{}, err
 				}
-				rc.states[wr.bulk] += total - rc.n
+				rc.states[wr.bulk] = max(bulk, rc.states[wr.bulk])
 			}
 			for k := range nStates {
 				states[k] += rc.states[k]
