@@ -130,10 +130,22 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		return benchResult{}, fmt.Errorf("--processes: find this binary: %w", err)
 	}
 	events := make(chan procEvent, 64)
+	quit := make(chan struct{}) // closed when nobody reads events any more
 	children := make([]*procChild, c.processes)
 	// Whatever happens, children get EOF on stdin (their stop signal) and
-	// are waited for; one that does not stop within 20 s is killed.
+	// are waited for; one that does not stop within 20 s is killed. Their
+	// reports are read and dropped meanwhile, so that none blocks writing.
 	defer func() {
+		go func() {
+			for {
+				select {
+				case <-events:
+				case <-quit:
+					return
+				}
+			}
+		}()
+		defer close(quit)
 		for _, ch := range children {
 			if ch != nil && ch.stdin != nil {
 				ch.stdin.Close()
@@ -179,7 +191,7 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 			return benchResult{}, fmt.Errorf("start child process: %w", err)
 		}
 		children[i] = &procChild{cmd: cmd, stdin: stdin, instances: share, completed: make([]int64, share)}
-		go readChild(i, stdout, events)
+		go readChild(i, stdout, events, quit)
 	}
 
 	// The start barrier: every child has built its pumps and says ready;
@@ -339,21 +351,33 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	return res, nil
 }
 
-func readChild(i int, r io.Reader, events chan<- procEvent) {
+// readChild turns child i's stdout into events until it ends or quit is
+// closed.
+func readChild(i int, r io.Reader, events chan<- procEvent, quit <-chan struct{}) {
+	send := func(ev procEvent) bool {
+		select {
+		case events <- ev:
+			return true
+		case <-quit:
+			return false
+		}
+	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 512<<20) // the final report carries every run
 	for sc.Scan() {
 		var m procMsg
+		ev := procEvent{child: i, msg: &m}
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			events <- procEvent{child: i, err: fmt.Errorf("unreadable report %.80q: %w", sc.Text(), err)}
-			continue
+			ev = procEvent{child: i, err: fmt.Errorf("unreadable report %.80q: %w", sc.Text(), err)}
 		}
-		events <- procEvent{child: i, msg: &m}
+		if !send(ev) {
+			return
+		}
 	}
-	if err := sc.Err(); err != nil {
-		events <- procEvent{child: i, err: err}
+	if err := sc.Err(); err != nil && !send(procEvent{child: i, err: err}) {
+		return
 	}
-	events <- procEvent{child: i}
+	send(procEvent{child: i})
 }
 
 // dbCommits reads the database's committed transactions after closing the
