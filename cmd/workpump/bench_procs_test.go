@@ -116,7 +116,8 @@ func TestBenchProcesses_Postgres(t *testing.T) {
 	url := pgtest.URL(t)
 	schema := pgtest.Schema(t)
 	const n = 3000
-	r := runCLI(t, []string{"WORKPUMP_DATABASE_URL=" + url}, "bench", "--processes", "2", "--instances", "3", "-n", "3000", "--streams", "100", "--schema", schema, "--json")
+	// 30 items per stream, so that the order check has orders to check.
+	r := runCLI(t, nil, "bench", "--processes", "2", "--instances", "3", "-n", "3000", "--streams", "100", "--database-url", url, "--schema", schema, "--json")
 	if r.code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}

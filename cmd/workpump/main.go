@@ -8,7 +8,7 @@
 //	workpump streams held --database-url URL [--schema S] [--json]
 //	workpump cancel  ID... | --stream S [--category C] [--yes] --database-url URL [--schema S] [--json]
 //	workpump ui      --database-url URL [--schema S] [--listen 127.0.0.1:8080] [--read-only] [--show-payloads] [--token T]
-//	workpump bench   [--database-url URL] [-n N] [--instances K] [--mode burndown|continuous|idle] [--repeat N] [--json]
+//	workpump bench   [--database-url URL] [-n N] [--instances K [--processes P]] [--mode burndown|continuous|idle] [--repeat N] [--json]
 //
 // Exit status: 0 success, 1 failure, 2 usage error.
 package main
