@@ -54,7 +54,8 @@ func isPermissionDenied(err error) bool {
 // EXECUTE on the functions revoked from PUBLIC first), and runs a pump end
 // to end as that role: enqueue (also in its own transaction), claim,
 // complete, fail into the dead letters, renew, heartbeat, listener with its
-// alive-lock, stale sweep of a dead peer, purge, inspection, deregister.
+// alive-lock, stale sweep of a dead peer, purge, inspection, the web
+// dashboard's pages and actions, deregister.
 // Before the grants the same role cannot even check the schema; after them
 // it still cannot change the schema or the version table.
 func TestLeastPrivilege_Postgres(t *testing.T) {
@@ -228,6 +229,7 @@ func TestLeastPrivilege_Postgres(t *testing.T) {
 	if _, err := c.Stats(ctx); err != nil {
 		t.Errorf("Stats as the app role: %v", err)
 	}
+	dashboardAsRole(t, c, nw[3].StreamID)
 	if _, err := c.Purge(ctx, driver.PurgeRequest{ProcessedOlderThan: time.Nanosecond, DeadLettersOlderThan: time.Nanosecond, StreamsExpiredFor: time.Nanosecond}); err != nil {
 		t.Errorf("Purge as the app role: %v", err)
 	}
