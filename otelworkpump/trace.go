@@ -34,45 +34,39 @@ func (t *Telemetry) HandlerContext(ctx context.Context, w workpump.Work) (contex
 	if t.mayCarry(w.Metadata) {
 		start = t.prop.Extract(ctx, metadataCarrier(decodeMetadata(w.Metadata)))
 	}
-	// One allocation for the attributes, the options and the span the end
-	// function needs.
-	h := &handlerSpan{}
-	h.opts[0] = consumerKind
-	opts := h.opts[:1]
+	opts := consumerOnly
 	if t.o.SpanRelation == Link {
+		opts = []trace.SpanStartOption{consumerKind, newRoot}
 		if sc := trace.SpanContextFromContext(start); sc.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 		}
 		// The baggage and other values the propagator extracted stay; only
 		// the span parent goes.
-		opts = append(opts, newRoot)
 	}
-	ctx, h.span = t.tracer.Start(start, t.attrs.spanName(w.Category, w.Name), opts...)
-	if !h.span.IsRecording() {
+	ctx, span := t.tracer.Start(start, t.attrs.spanName(w.Category, w.Name), opts...)
+	h := &handlerSpan{span: span}
+	if !span.IsRecording() {
 		// A span the sampler dropped costs no attribute: most spans, in a
 		// busy pump whose sampler keeps a share of them.
 		return ctx, h.end
 	}
-	h.attrs[0] = AttrCategory.String(string(w.Category))
-	h.attrs[1] = AttrName.String(w.Name)
-	h.attrs[2] = AttrStream.String(w.StreamID)
-	h.attrs[3] = AttrAttempt.Int(w.Attempts)
-	h.attrs[4] = AttrItemID.String(w.ID.String())
-	h.attrs[5] = AttrMessageType.String(w.MessageType)
-	attrs := h.attrs[:6]
+	attrs := make([]attribute.KeyValue, 6, 7)
+	attrs[0] = AttrCategory.String(string(w.Category))
+	attrs[1] = AttrName.String(w.Name)
+	attrs[2] = AttrStream.String(w.StreamID)
+	attrs[3] = AttrAttempt.Int(w.Attempts)
+	attrs[4] = AttrItemID.String(w.ID.String())
+	attrs[5] = AttrMessageType.String(w.MessageType)
 	if d := workpump.DeliveryFrom(ctx); d != nil {
-		h.attrs[6] = AttrInstance.String(t.instanceString(d.InstanceID))
-		attrs = h.attrs[:7]
+		attrs = append(attrs, AttrInstance.String(t.instanceString(d.InstanceID)))
 	}
-	h.span.SetAttributes(attrs...)
+	span.SetAttributes(attrs...)
 	return ctx, h.end
 }
 
-// handlerSpan is one handler call's span and what starting it took.
+// handlerSpan is one handler call's span, for the end function.
 type handlerSpan struct {
-	attrs [7]attribute.KeyValue
-	opts  [3]trace.SpanStartOption
-	span  trace.Span
+	span trace.Span
 }
 
 // end records the handler's outcome and ends the span.
@@ -100,6 +94,7 @@ func (h *handlerSpan) end(err error) {
 // Span options and attributes every handler span shares, built once.
 var (
 	consumerKind   = trace.WithSpanKind(trace.SpanKindConsumer)
+	consumerOnly   = []trace.SpanStartOption{consumerKind}
 	newRoot        = trace.WithNewRoot()
 	outcomeSuccess = AttrOutcome.String("success")
 	outcomeSnooze  = AttrOutcome.String("snooze")
