@@ -35,6 +35,7 @@ func ExampleRender() {
 	// 0012_dead_letter_holds: creates wp_ objects in "shop": true
 	// 0013_pauses: creates wp_ objects in "shop": true
 	// 0014_lock_order: creates wp_ objects in "shop": true
+	// 0015_rank_residues: creates wp_ objects in "shop": true
 	// true
 }
 

@@ -43,6 +43,8 @@ var released = map[string]string{
 	"0013_pauses.up.sql":               "8f766227908ff7aba4db4dcc1af9cdedae781649fd8a7ddf6dc3e3502f4f1701",
 	"0014_lock_order.down.sql":         "dd57b34428260ecdedc7f06772e510357c29bbcaf1fd0474f5d64e4f17699978",
 	"0014_lock_order.up.sql":           "faeced8319fda893440c07eb4a052a65014945177aba66934efd58338cd06dd9",
+	"0015_rank_residues.down.sql":      "ac7d7d6e1677b5985bdd0f63430a1472575a838d982c4431aed2d95705c7a5d2",
+	"0015_rank_residues.up.sql":        "3f263acdb592bc96c6da12f906019b0155dbf429d48e74e6989f8a90b0746ff2",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released
