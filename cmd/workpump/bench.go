@@ -38,7 +38,8 @@ type benchConfig struct {
 	cpuProfile                         string
 	otel                               bool
 	otelSampling                       float64
-	processes                          int // bench_procs.go: 0 runs the pumps in this process
+	processes                          int           // bench_procs.go: 0 runs the pumps in this process
+	churn                              time.Duration // bench_procs.go: 0 keeps the --processes children for the whole drain
 }
 
 // benchResult is the --json line.
@@ -107,6 +108,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.otel, "otel", false, "burndown: instrument every pump with otelworkpump on real OpenTelemetry SDK providers whose output goes nowhere (a metric reader never collected, spans batched to an exporter that drops them), backlog gauges included")
 	fs.Float64Var(&c.otelSampling, "otel-sampling", 1, "--otel: the share of items whose handler span is recorded (a parent-based trace-id ratio sampler; 1 records every span)")
 	fs.IntVar(&c.processes, "processes", 0, "burndown on Postgres: run the --instances pumps in this many child processes of this binary, spread evenly, and report per instance, per process (CPU time included) and in all; 0 runs them in this process")
+	fs.DurationVar(&c.churn, "churn", 0, "--processes: every this often during the drain, a rolling-deploy step: start a new child with the oldest running child's instances, release it, then stop the oldest gracefully (0: no churn)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
 	fs.StringVar(&c.schema, "schema", "", "Postgres schema (default: a new workpump_bench_<random> schema, dropped at the end)")
@@ -114,8 +116,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	c.databaseURL = *db
-	samplingSet := false
-	fs.Visit(func(f *flag.Flag) { samplingSet = samplingSet || f.Name == "otel-sampling" })
+	samplingSet, churnSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		samplingSet = samplingSet || f.Name == "otel-sampling"
+		churnSet = churnSet || f.Name == "churn"
+	})
 	switch {
 	case c.mode != "burndown" && c.mode != "continuous" && c.mode != "idle" && c.mode != "appwrite":
 		return usagef("--mode: %q, want burndown, continuous, idle or appwrite", c.mode)
@@ -161,6 +166,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--otel-sampling must be between 0 and 1")
 	case c.asyncClaims && c.databaseURL == "":
 		return usagef("--async-claims: the in-memory driver has no commits to make asynchronous; give --database-url")
+	case churnSet && c.churn <= 0:
+		return usagef("--churn must be > 0")
+	case churnSet && (c.processes == 0 || c.mode != "burndown"):
+		return usagef("--churn: only --mode burndown with --processes has it")
 	case c.processes < 0:
 		return usagef("--processes must be >= 0")
 	case c.processes > 0 && c.databaseURL == "":

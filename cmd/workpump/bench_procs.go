@@ -32,8 +32,8 @@ const benchChildEnv = "WORKPUMP_BENCH_CHILD"
 // procsResult is what a multi-process burn-down adds to the --json line.
 type procsResult struct {
 	Processes           int       `json:"processes"`
-	InstancesPerProcess []int     `json:"instances_per_process"`
-	PerInstance         []int64   `json:"per_instance_items"` // completions per instance, in process order
+	InstancesPerProcess []int     `json:"instances_per_process"` // with --churn, of every child that ran, in start order
+	PerInstance         []int64   `json:"per_instance_items"`    // completions per instance, in process order
 	PerProcess          []int64   `json:"per_process_items"`
 	ProcessCPUSeconds   []float64 `json:"process_cpu_seconds"` // user+system, from the go line to the stop request
 	CPUSecondsPer1000   float64   `json:"cpu_seconds_per_1000_items"`
@@ -43,6 +43,8 @@ type procsResult struct {
 	OrderViolations     int       `json:"order_violations"`
 	Duplicates          int       `json:"duplicates"`
 	Missing             int       `json:"missing"`
+	ChurnSeconds        float64   `json:"churn_seconds,omitempty"` // --churn: the period of the rolling-deploy steps
+	Replacements        int       `json:"replacements"`            // --churn: children replaced during the drain
 }
 
 // orderCheckMethod names how the multi-process burn-down verifies order.
@@ -84,13 +86,16 @@ func itemPayload(stream, pos int) []byte {
 	return b
 }
 
-// procChild is one running child as the parent sees it.
+// procChild is one child as the parent sees it.
 type procChild struct {
 	cmd       *exec.Cmd
 	stdin     io.WriteCloser
 	instances int
 	completed []int64 // the latest progress
 	final     *procMsg
+	ready     bool // it said ready
+	released  bool // it got the go line
+	stopping  bool // its stdin is closed
 	exited    bool // its stdout ended
 	waited    bool
 }
@@ -104,7 +109,10 @@ type procEvent struct {
 // burndownProcs is the burn-down with the pumps in child processes: the
 // parent enqueues, starts c.processes children of this binary, releases
 // them together, follows their progress reports until every item is
-// completed, stops them and checks order from their handler records.
+// completed, stops them and checks order from their handler records. With
+// c.churn it replaces the oldest running child every c.churn meanwhile
+// (see churnStep), and the report and the order check cover every child
+// that ran.
 func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out io.Writer) (benchResult, error) {
 	split := shares(c.instances, c.processes)
 	fmt.Fprintf(out, "burndown on %s in %d child processes: %d outbox items over %d streams, %d instance(s) (%s per process)\n",
@@ -131,7 +139,8 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	}
 	events := make(chan procEvent, 64)
 	quit := make(chan struct{}) // closed when nobody reads events any more
-	children := make([]*procChild, c.processes)
+	// Every child ever started, in start order; a churn step appends.
+	var children []*procChild
 	// Whatever happens, children get EOF on stdin (their stop signal) and
 	// are waited for; one that does not stop within 20 s is killed. Their
 	// reports are read and dropped meanwhile, so that none blocks writing.
@@ -147,12 +156,12 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		}()
 		defer close(quit)
 		for _, ch := range children {
-			if ch != nil && ch.stdin != nil {
+			if !ch.stopping {
 				ch.stdin.Close()
 			}
 		}
 		for _, ch := range children {
-			if ch == nil || ch.waited {
+			if ch.waited {
 				continue
 			}
 			done := make(chan struct{})
@@ -165,37 +174,44 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 			}
 		}
 	}()
-	for i, share := range split {
-		args := []string{"bench", "--schema", be.schema, "--instances", strconv.Itoa(share),
-			"--concurrency", strconv.Itoa(c.concurrency), "--batch", strconv.Itoa(c.batch), "--max-in-flight", strconv.Itoa(c.maxInFlight),
-			"--self-poll-interval", c.selfPollInterval.String()}
-		if c.asyncClaims {
-			args = append(args, "--async-claims")
-		}
-		if c.noSelfPolling {
-			args = append(args, "--no-self-polling")
-		}
-		cmd := exec.Command(exe, args...)
+	childArgs := []string{"bench", "--schema", be.schema,
+		"--concurrency", strconv.Itoa(c.concurrency), "--batch", strconv.Itoa(c.batch), "--max-in-flight", strconv.Itoa(c.maxInFlight),
+		"--self-poll-interval", c.selfPollInterval.String()}
+	if c.asyncClaims {
+		childArgs = append(childArgs, "--async-claims")
+	}
+	if c.noSelfPolling {
+		childArgs = append(childArgs, "--no-self-polling")
+	}
+	// start starts a child with share instances; it says ready once its
+	// pumps are built, and starts them only on the go line.
+	start := func(share int) (int, error) {
+		cmd := exec.Command(exe, append(slices.Clip(childArgs), "--instances", strconv.Itoa(share))...)
 		// The URL goes by environment, not argv, so ps does not show a password.
 		cmd.Env = append(os.Environ(), benchChildEnv+"=1", "WORKPUMP_DATABASE_URL="+c.databaseURL)
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
-			return benchResult{}, err
+			return 0, err
 		}
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
-			return benchResult{}, err
+			return 0, err
 		}
 		if err := cmd.Start(); err != nil {
-			return benchResult{}, fmt.Errorf("start child process: %w", err)
+			return 0, fmt.Errorf("start child process: %w", err)
 		}
-		children[i] = &procChild{cmd: cmd, stdin: stdin, instances: share, completed: make([]int64, share)}
+		i := len(children)
+		children = append(children, &procChild{cmd: cmd, stdin: stdin, instances: share, completed: make([]int64, share)})
 		go readChild(i, stdout, events, quit)
+		return i, nil
+	}
+	for _, share := range split {
+		if _, err := start(share); err != nil {
+			return benchResult{}, err
+		}
 	}
 
-	// The start barrier: every child has built its pumps and says ready;
-	// only then do all get the go line, and the clock starts.
 	handle := func(ev procEvent) error {
 		ch := children[ev.child]
 		switch {
@@ -203,9 +219,13 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 			return fmt.Errorf("child process %d: %w", ev.child+1, ev.err)
 		case ev.msg == nil:
 			ch.exited = true
-			if ch.final == nil {
+			// A child that never got go (a churn step cut short by the
+			// end of the drain) has nothing to report.
+			if ch.final == nil && ch.released {
 				return fmt.Errorf("child process %d (pid %d) ended without a final report (its errors are on stderr)", ev.child+1, ch.cmd.Process.Pid)
 			}
+		case ev.msg.Type == "ready":
+			ch.ready = true
 		case ev.msg.Type == "progress":
 			if len(ev.msg.Completed) == ch.instances {
 				ch.completed = ev.msg.Completed
@@ -218,6 +238,15 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		}
 		return nil
 	}
+	release := func(i int) error {
+		if _, err := io.WriteString(children[i].stdin, "go\n"); err != nil {
+			return fmt.Errorf("release child process %d: %w", i+1, err)
+		}
+		children[i].released = true
+		return nil
+	}
+	// The start barrier: every child has built its pumps and says ready;
+	// only then do all get the go line, and the clock starts.
 	readyTimeout := time.After(60 * time.Second)
 	for ready := 0; ready < len(children); {
 		select {
@@ -226,20 +255,22 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		case <-readyTimeout:
 			return benchResult{}, fmt.Errorf("only %d of %d child processes were ready within 60 s", ready, len(children))
 		case ev := <-events:
-			if ev.msg != nil && ev.msg.Type == "ready" {
-				ready++
-				continue
-			}
 			if err := handle(ev); err != nil {
 				return benchResult{}, err
+			}
+			ready = 0
+			for _, ch := range children {
+				if ch.ready {
+					ready++
+				}
 			}
 		}
 	}
 	commits0, commitsErr := dbCommits(ctx, be)
-	start := time.Now()
-	for i, ch := range children {
-		if _, err := io.WriteString(ch.stdin, "go\n"); err != nil {
-			return benchResult{}, fmt.Errorf("release child process %d: %w", i+1, err)
+	start0 := time.Now()
+	for i := range children {
+		if err := release(i); err != nil {
+			return benchResult{}, err
 		}
 	}
 	total := func() int64 {
@@ -253,24 +284,66 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	var churnC <-chan time.Time
+	if c.churn > 0 {
+		t := time.NewTicker(c.churn)
+		defer t.Stop()
+		churnC = t.C
+	}
+	// A churn step in progress: the new child (-1: none) and the oldest
+	// running child it replaces once it runs; since when it waits.
+	newChild, oldChild := -1, -1
+	var stepSince time.Time
+	replacements := 0
 	for total() < int64(c.n) {
 		select {
 		case <-ctx.Done():
 			return benchResult{}, fmt.Errorf("interrupted with %d of %d done", total(), c.n)
 		case <-tick.C:
-			fmt.Fprintf(out, "%6.1fs  %d/%d done\n", time.Since(start).Seconds(), total(), c.n)
+			fmt.Fprintf(out, "%6.1fs  %d/%d done\n", time.Since(start0).Seconds(), total(), c.n)
+			if newChild >= 0 && time.Since(stepSince) > 60*time.Second {
+				return benchResult{}, fmt.Errorf("--churn: the new child process %d was not ready within 60 s", newChild+1)
+			}
+		case <-churnC:
+			if newChild >= 0 {
+				break // the step before is still waiting for its new child
+			}
+			oldChild = slices.IndexFunc(children, func(ch *procChild) bool { return ch.released && !ch.stopping })
+			if newChild, err = start(children[oldChild].instances); err != nil {
+				return benchResult{}, fmt.Errorf("--churn: %w", err)
+			}
+			stepSince = time.Now()
 		case ev := <-events:
 			if err := handle(ev); err != nil {
 				return benchResult{}, err
 			}
+			if newChild < 0 || !children[newChild].ready {
+				break
+			}
+			// The rolling-deploy step: the new child runs before the
+			// oldest stops, so the live count goes K → K+share → K. The
+			// old child stops gracefully and sends its final report.
+			if err := release(newChild); err != nil {
+				return benchResult{}, err
+			}
+			old := children[oldChild]
+			old.stdin.Close()
+			old.stopping = true
+			replacements++
+			fmt.Fprintf(out, "%6.1fs  replacement %d: process %d (pid %d, %d instance(s)) replaced by process %d (pid %d)\n",
+				time.Since(start0).Seconds(), replacements, oldChild+1, old.cmd.Process.Pid, old.instances, newChild+1, children[newChild].cmd.Process.Pid)
+			newChild, oldChild = -1, -1
 		}
 	}
-	took := time.Since(start)
+	took := time.Since(start0)
 
 	// Stop: EOF on stdin; each child stops its pumps and sends its final
-	// report, then exits.
+	// report, then exits (one never released just exits).
 	for _, ch := range children {
-		ch.stdin.Close()
+		if !ch.stopping {
+			ch.stdin.Close()
+			ch.stopping = true
+		}
 	}
 	stopTimeout := time.After(30 * time.Second)
 	for finals := func() bool {
@@ -298,14 +371,22 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		}
 	}
 
-	pr := &procsResult{Processes: c.processes, InstancesPerProcess: split, OrderCheck: orderCheckMethod}
+	pr := &procsResult{Processes: c.processes, OrderCheck: orderCheckMethod, Replacements: replacements, ChurnSeconds: c.churn.Seconds()}
 	var cpu float64
 	var claims uint64
 	var runs [][5]int64
 	fmt.Fprintf(out, "drained %d items in %.2fs: %.0f items/s (%d instances in %d processes; the clock runs from the go line to the last completion a child reported)\n",
 		c.n, took.Seconds(), float64(c.n)/took.Seconds(), c.instances, c.processes)
+	if c.churn > 0 {
+		fmt.Fprintf(out, "churn: %d replacements, one step every %s at most (%d child processes ran in all)\n",
+			replacements, c.churn, len(slices.DeleteFunc(slices.Clone(children), func(ch *procChild) bool { return !ch.released })))
+	}
 	inst := 0
 	for i, ch := range children {
+		if !ch.released {
+			fmt.Fprintf(out, "process %d (pid %d): started for a churn step the drain's end cut short, never released\n", i+1, ch.cmd.Process.Pid)
+			continue
+		}
 		f := ch.final
 		var sum int64
 		for _, v := range f.Completed {
@@ -315,6 +396,7 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		cpu += pcpu
 		claims += f.Claims
 		runs = append(runs, f.Runs...)
+		pr.InstancesPerProcess = append(pr.InstancesPerProcess, ch.instances)
 		pr.PerProcess = append(pr.PerProcess, sum)
 		pr.PerInstance = append(pr.PerInstance, f.Completed...)
 		pr.ProcessCPUSeconds = append(pr.ProcessCPUSeconds, pcpu)

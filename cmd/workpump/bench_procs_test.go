@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -284,5 +285,96 @@ func TestBenchChild_StopsOnStdinEOF(t *testing.T) {
 	}
 	if got := checkOrder(final.Runs, n, streams); got != (orderResult{}) {
 		t.Fatalf("order check of the child's runs: %+v", got)
+	}
+}
+
+func TestBenchChurn_UsageErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--churn", "1s"}, "--churn: only --mode burndown with --processes has it"},
+		{[]string{"bench", "--churn", "1s", "--database-url", "postgres://x"}, "--churn: only --mode burndown with --processes has it"},
+		{[]string{"bench", "--churn", "1s", "--processes", "2", "--instances", "2", "--mode", "continuous", "--database-url", "postgres://x"}, "--churn: only --mode burndown with --processes has it"},
+		{[]string{"bench", "--churn", "0s", "--processes", "2", "--instances", "2", "--database-url", "postgres://x"}, "--churn must be > 0"},
+		{[]string{"bench", "--churn", "-1s", "--processes", "2", "--instances", "2", "--database-url", "postgres://x"}, "--churn must be > 0"},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			r := runCLI(t, nil, c.args...)
+			if r.code != 2 {
+				t.Fatalf("exit = %d, want 2; stderr: %s", r.code, r.stderr)
+			}
+			if !strings.Contains(r.stderr, c.want) {
+				t.Fatalf("stderr = %q, want it to contain %q", r.stderr, c.want)
+			}
+			if strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+				t.Fatalf("stderr has more than one line: %q", r.stderr)
+			}
+		})
+	}
+}
+
+// TestBenchChurn_Postgres: with --churn the multi-process burn-down
+// replaces children during the drain (a new child runs before the oldest
+// stops), every item is completed once over all the children that ran,
+// and the order check, fed every child's final report, finds handlers in
+// stream order. 40 000 items, so that the drain outlasts several 100 ms
+// steps on this machine (6 000 drain in about 0.2 s, before a first step).
+func TestBenchChurn_Postgres(t *testing.T) {
+	url := pgtest.URL(t)
+	schema := pgtest.Schema(t)
+	const n = 40000
+	r := runCLI(t, nil, "bench", "--processes", "2", "--instances", "2", "-n", "40000", "--streams", "100", "--churn", "100ms", "--database-url", url, "--schema", schema, "--json")
+	if r.code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var res struct {
+		Items int `json:"items"`
+		procsResult
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
+	}
+	p := res.procsResult
+	if p.Replacements < 1 || p.ChurnSeconds != 0.1 {
+		t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.1 s\n%s", p.Replacements, p.ChurnSeconds, r.stdout)
+	}
+	// Every child that ran reports: the 2 first and one per replacement.
+	ran := 2 + p.Replacements
+	if len(p.InstancesPerProcess) != ran || len(p.PerProcess) != ran || len(p.PerInstance) != ran || len(p.ProcessCPUSeconds) != ran {
+		t.Fatalf("%d replacements but per process %v, instances per process %v, per instance %v, CPU %v: want %d entries each",
+			p.Replacements, p.PerProcess, p.InstancesPerProcess, p.PerInstance, p.ProcessCPUSeconds, ran)
+	}
+	var sum int64
+	for _, v := range p.PerProcess {
+		sum += v
+	}
+	if res.Items != n || sum != n {
+		t.Fatalf("items %d, completions over all children %d (%v); want %d", res.Items, sum, p.PerProcess, n)
+	}
+	if p.OrderViolations != 0 || p.Duplicates != 0 || p.Missing != 0 {
+		t.Fatalf("order check: %d violations, %d duplicates, %d missing; want 0", p.OrderViolations, p.Duplicates, p.Missing)
+	}
+	for _, want := range []string{"replacement 1: process 1 (pid ", "replaced by process 3 (pid ", fmt.Sprintf("churn: %d replacements", p.Replacements), "order violations: 0 (duplicates 0, missing 0)"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("stdout lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	coord, err := pgxdriver.New(pgtest.Pool(t), pgxdriver.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := coord.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := st.DeadLetters
+	for _, cs := range st.Categories {
+		left += cs.Ready + cs.Scheduled + cs.Leased + cs.Orphaned
+	}
+	if left != 0 {
+		t.Fatalf("%d items left in the schema after the bench: %+v", left, st)
 	}
 }
