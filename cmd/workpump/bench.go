@@ -87,7 +87,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var c benchConfig
 	fs.IntVar(&c.n, "n", 200000, "burndown: items to drain")
 	fs.IntVar(&c.instances, "instances", 1, "pump instances (in this process)")
-	fs.IntVar(&c.streams, "streams", 10000, "streams the items are spread over")
+	fs.IntVar(&c.streams, "streams", 10000, "streams the items are spread over (burndown: 0 enqueues items without a stream, which have no order)")
 	fs.IntVar(&c.concurrency, "concurrency", 16, "handler goroutines per instance")
 	fs.IntVar(&c.batch, "batch", workers.DefaultMaxStreamsPerBatch, "rows per category per claim (Claim.MaxStreamsPerBatch)")
 	fs.IntVar(&c.maxInFlight, "max-in-flight", 4000, "claimed, unfinished items per instance (MaxInFlight)")
@@ -138,8 +138,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("-n must be > 0")
 	case c.instances <= 0:
 		return usagef("--instances must be > 0")
-	case c.streams <= 0:
-		return usagef("--streams must be > 0")
+	case c.streams < 0:
+		return usagef("--streams must be >= 0")
+	case c.streams == 0 && (c.mode != "burndown" || c.processes > 0):
+		return usagef("--streams 0: only the in-process --mode burndown enqueues items without a stream")
 	case c.concurrency <= 0:
 		return usagef("--concurrency must be > 0")
 	case c.batch <= 0:
@@ -384,13 +386,21 @@ func startPumps(ctx context.Context, c benchConfig, be benchBackend, h workpump.
 }
 
 func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer) (benchResult, error) {
-	fmt.Fprintf(out, "burndown on %s: %d outbox items over %d streams, %d instance(s)\n", be.name(), c.n, c.streams, c.instances)
+	if c.streams == 0 {
+		fmt.Fprintf(out, "burndown on %s: %d outbox items without streams, %d instance(s)\n", be.name(), c.n, c.instances)
+	} else {
+		fmt.Fprintf(out, "burndown on %s: %d outbox items over %d streams, %d instance(s)\n", be.name(), c.n, c.streams, c.instances)
+	}
 	const chunk = 5000
 	batch := make([]driver.NewWork, 0, chunk)
 	payload := make([]byte, 64)
 	t0 := time.Now()
 	for k := 0; k < c.n; k++ {
-		batch = append(batch, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%05d", k%c.streams), Name: "bench", Payload: payload})
+		stream := ""
+		if c.streams > 0 {
+			stream = fmt.Sprintf("s%05d", k%c.streams)
+		}
+		batch = append(batch, driver.NewWork{Category: driver.Outbox, StreamID: stream, Name: "bench", Payload: payload})
 		if len(batch) == chunk || k == c.n-1 {
 			if _, err := be.coordinator().Enqueue(ctx, batch); err != nil {
 				return benchResult{}, fmt.Errorf("enqueue: %w", err)

@@ -99,6 +99,8 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"bench", "--warmup", "1s"}, "--warmup: only --mode continuous has a warm-up"},
 		{[]string{"bench", "--otel", "--mode", "idle"}, "--otel: only --mode burndown has it"},
 		{[]string{"bench", "--otel-sampling", "0.5"}, "--otel-sampling: only --otel has it"},
+		{[]string{"bench", "--streams", "-1"}, "--streams must be >= 0"},
+		{[]string{"bench", "--streams", "0", "--mode", "continuous"}, "--streams 0: only the in-process --mode burndown"},
 		{[]string{"bench", "--otel", "--otel-sampling", "1.5"}, "--otel-sampling must be between 0 and 1"},
 	}
 	for _, c := range cases {
@@ -181,6 +183,17 @@ func TestCLI_BenchOtelRecordsEverySampledSpan(t *testing.T) {
 		if !strings.Contains(r.stdout, `"otel":true`) {
 			t.Errorf("--otel-sampling %s: JSON does not say otel:\n%s", tc.sampling, r.stdout)
 		}
+	}
+}
+
+// TestCLI_BenchStreamless: --streams 0 drains items without a stream.
+func TestCLI_BenchStreamless(t *testing.T) {
+	r := runCLI(t, nil, "bench", "-n", "3000", "--streams", "0", "--json")
+	if r.code != 0 {
+		t.Fatalf("bench --streams 0 exit %d: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "3000 outbox items without streams") || !strings.Contains(r.stdout, "drained 3000 items") {
+		t.Errorf("bench --streams 0 did not drain 3000 streamless items:\n%s", r.stdout)
 	}
 }
 
