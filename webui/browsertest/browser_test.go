@@ -99,6 +99,9 @@ func startBrowser() {
 		chromedp.ExecPath(path),
 		chromedp.NoSandbox, // the tests run as root in CI, where the sandbox cannot start
 		chromedp.UserDataDir(dir),
+		// Chromium keeps its singleton socket in a directory of TMPDIR that
+		// it does not remove; inside dir, it goes when dir does.
+		chromedp.Env("TMPDIR="+dir),
 		chromedp.WindowSize(1280, 800),
 		chromedp.Flag("disable-gpu", true),
 	)
