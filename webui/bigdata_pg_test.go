@@ -35,14 +35,15 @@ type bigStore struct {
 	held      int // inbox streams held by a dead letter, each with an item waiting behind it
 }
 
-// The sizes: issue 27's figure with WORKPUMP_UI_BIG=1, else a set small
+// The sizes: a million-row backlog with 100 000 dead letters with
+// WORKPUMP_UI_BIG=1, else a set small
 // enough for every run of the package's tests.
 var (
 	bigSize   = bigStore{ready: 1_000_000, streams: 100_000, scheduled: 100_000, dead: 100_000, deadStrs: 20_000, held: 1_000}
 	smallSize = bigStore{ready: 20_000, streams: 2_000, scheduled: 200, dead: 2_000, deadStrs: 400, held: 50}
 )
 
-// pageBudget is the latency every page must stay under (issue 27).
+// pageBudget is the latency every page must stay under on the big store.
 const pageBudget = 200 * time.Millisecond
 
 // TestPageLatencyOnPostgres fills a Postgres schema through real API calls
