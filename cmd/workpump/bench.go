@@ -333,8 +333,8 @@ func benchOptions(c benchConfig) workpump.Options {
 }
 
 // startPumps starts c.instances pumps with handler h on every category.
-// With --otel, stopping them writes to out how many handler spans the
-// discarding exporter received.
+// With --otel, stopping them writes to out how many handler spans were
+// recorded and how many the discarding exporter received.
 func startPumps(ctx context.Context, c benchConfig, be benchBackend, h workpump.Handler, completed *atomic.Int64, out io.Writer) ([]*workpump.Pump, func(), error) {
 	var pumps []*workpump.Pump
 	var tel *benchTelemetry
@@ -346,7 +346,7 @@ func startPumps(ctx context.Context, c benchConfig, be benchBackend, h workpump.
 		}
 		if tel != nil {
 			tel.close(sctx)
-			fmt.Fprintf(out, "otel: %d handler spans recorded and handed to a discarding exporter (sampling %g)\n", tel.exported.Load(), c.otelSampling)
+			fmt.Fprintln(out, tel.report(c.otelSampling))
 		}
 	}
 	if c.otel {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -22,8 +23,11 @@ type benchTelemetry struct {
 	tp   *sdktrace.TracerProvider
 	mu   sync.Mutex
 	tels []*otelworkpump.Telemetry
-	// exported counts the spans the exporter received.
-	exported atomic.Int64
+	// recorded counts the spans that ended recording: what the pump paid
+	// for. exported counts those the batcher handed to the exporter; the
+	// batcher drops spans while its queue is full, as it does in an
+	// application whose exporter falls behind.
+	recorded, exported atomic.Int64
 }
 
 func newBenchTelemetry(sampling float64) *benchTelemetry {
@@ -38,8 +42,19 @@ func newBenchTelemetry(sampling float64) *benchTelemetry {
 			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(sampling))),
 		),
 	}
+	b.tp.RegisterSpanProcessor(spanCounter{&b.recorded})
 	b.tp.RegisterSpanProcessor(sdktrace.NewBatchSpanProcessor(discardExporter{&b.exported}))
 	return b
+}
+
+// report says how many spans were recorded and exported.
+func (b *benchTelemetry) report(sampling float64) string {
+	rec, exp := b.recorded.Load(), b.exported.Load()
+	s := fmt.Sprintf("otel: %d handler spans recorded (sampling %g), %d handed to a discarding exporter", rec, sampling, exp)
+	if rec > exp {
+		s += fmt.Sprintf(" (the batcher dropped %d while its queue was full)", rec-exp)
+	}
+	return s
 }
 
 // instrument returns opts instrumented by a Telemetry of its own (one per
@@ -79,6 +94,14 @@ func (b *benchTelemetry) close(ctx context.Context) {
 	_ = b.tp.Shutdown(ctx)
 	_ = b.mp.Shutdown(ctx)
 }
+
+// spanCounter counts the spans that end.
+type spanCounter struct{ n *atomic.Int64 }
+
+func (c spanCounter) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (c spanCounter) OnEnd(sdktrace.ReadOnlySpan)                     { c.n.Add(1) }
+func (spanCounter) Shutdown(context.Context) error                    { return nil }
+func (spanCounter) ForceFlush(context.Context) error                  { return nil }
 
 // discardExporter counts and drops every span.
 type discardExporter struct{ n *atomic.Int64 }

@@ -186,6 +186,23 @@ func TestCLI_BenchOtelRecordsEverySampledSpan(t *testing.T) {
 	}
 }
 
+// TestBenchTelemetryReportsDroppedSpans: spans the batcher dropped while
+// its queue was full are counted as recorded and reported as dropped, not
+// passed off as exported.
+func TestBenchTelemetryReportsDroppedSpans(t *testing.T) {
+	var b benchTelemetry
+	b.recorded.Store(3000)
+	b.exported.Store(2058)
+	want := "otel: 3000 handler spans recorded (sampling 1), 2058 handed to a discarding exporter (the batcher dropped 942 while its queue was full)"
+	if got := b.report(1); got != want {
+		t.Errorf("report:\n got %q\nwant %q", got, want)
+	}
+	b.exported.Store(3000)
+	if got := b.report(1); strings.Contains(got, "dropped") {
+		t.Errorf("report with nothing dropped mentions drops: %q", got)
+	}
+}
+
 // TestCLI_BenchStreamless: --streams 0 drains items without a stream.
 func TestCLI_BenchStreamless(t *testing.T) {
 	r := runCLI(t, nil, "bench", "-n", "3000", "--streams", "0", "--json")
