@@ -26,9 +26,10 @@ import (
 // It runs once per item, so it spends as little as it can: metadata
 // without any of the propagator's fields is not parsed, the span name
 // comes from a cache, and a span that does not record (a sampler dropped
-// it, or the provider is a no-op) gets no attribute at all. The
-// attributes are set once the span records, so a sampler decides on the
-// span's name ("process", category and name), kind, parent and links.
+// it, or the provider is a no-op) gets no attribute at all. The item's
+// attributes and the outcome are set together when the handler returns,
+// so a sampler decides on the span's name ("process", category and name),
+// kind, parent and links.
 func (t *Telemetry) HandlerContext(ctx context.Context, w workpump.Work) (context.Context, func(error)) {
 	start := ctx
 	if t.mayCarry(w.Metadata) {
@@ -44,50 +45,54 @@ func (t *Telemetry) HandlerContext(ctx context.Context, w workpump.Work) (contex
 		// the span parent goes.
 	}
 	ctx, span := t.tracer.Start(start, t.attrs.spanName(w.Category, w.Name), opts...)
-	h := &handlerSpan{span: span}
 	if !span.IsRecording() {
 		// A span the sampler dropped costs no attribute: most spans, in a
 		// busy pump whose sampler keeps a share of them.
-		return ctx, h.end
+		return ctx, func(error) { span.End() }
 	}
-	attrs := make([]attribute.KeyValue, 6, 7)
+	h := &handlerSpan{span: span, w: w}
+	if d := workpump.DeliveryFrom(ctx); d != nil {
+		h.instance = t.instanceString(d.InstanceID)
+	}
+	return ctx, h.end
+}
+
+// handlerSpan is one recording handler span, for the end function, which
+// sets every attribute in one call: the SDK then keeps them in one array
+// sized once, where a second call would copy the first call's into a
+// larger one.
+type handlerSpan struct {
+	span     trace.Span
+	w        workpump.Work
+	instance string // "" when the call carried no delivery
+}
+
+// end records the handler's outcome and the item's attributes and ends
+// the span.
+func (h *handlerSpan) end(err error) {
+	span, w := h.span, &h.w
+	attrs := make([]attribute.KeyValue, 7, 8)
 	attrs[0] = AttrCategory.String(string(w.Category))
 	attrs[1] = AttrName.String(w.Name)
 	attrs[2] = AttrStream.String(w.StreamID)
 	attrs[3] = AttrAttempt.Int(w.Attempts)
 	attrs[4] = AttrItemID.String(w.ID.String())
 	attrs[5] = AttrMessageType.String(w.MessageType)
-	if d := workpump.DeliveryFrom(ctx); d != nil {
-		attrs = append(attrs, AttrInstance.String(t.instanceString(d.InstanceID)))
-	}
-	span.SetAttributes(attrs...)
-	return ctx, h.end
-}
-
-// handlerSpan is one handler call's span, for the end function.
-type handlerSpan struct {
-	span trace.Span
-}
-
-// end records the handler's outcome and ends the span.
-func (h *handlerSpan) end(err error) {
-	span := h.span
-	if !span.IsRecording() {
-		span.End()
-		return
+	attrs[6] = outcomeSuccess
+	if h.instance != "" {
+		attrs = append(attrs, AttrInstance.String(h.instance))
 	}
 	if err != nil {
 		var snooze *workpump.SnoozeError
 		if errors.As(err, &snooze) {
-			span.SetAttributes(outcomeSnooze)
+			attrs[6] = outcomeSnooze
 		} else {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(AttrOutcome.String(outcomeOf(err)))
+			attrs[6] = AttrOutcome.String(outcomeOf(err))
 		}
-	} else {
-		span.SetAttributes(outcomeSuccess)
 	}
+	span.SetAttributes(attrs...)
 	span.End()
 }
 
