@@ -29,6 +29,11 @@ func claimCases() []testCase {
 			_, err := e.c.ClaimWork(e.ctx, driver.ClaimRequest{InstanceID: f.b, Lease: time.Minute, MaxPerCategory: -1})
 			return err
 		}),
+		{name: "Claim/ReadLimitKeepsOrderAndLosesNothing", run: claimReadLimit},
+		rejectCase("Claim/RejectsNegativeReadLimit", driver.ErrInvalidArgument, "ReadLimit", func(e *env, f *fixture) error {
+			_, err := e.c.ClaimWork(e.ctx, driver.ClaimRequest{InstanceID: f.b, Lease: time.Minute, MaxPerCategory: 10, ReadLimit: -1})
+			return err
+		}),
 		rejectCase("Claim/RejectsUnknownCategory", driver.ErrUnknownCategory, "Categories", func(e *env, f *fixture) error {
 			_, err := e.c.ClaimWork(e.ctx, driver.ClaimRequest{InstanceID: f.b, Categories: []driver.Category{driver.Outbox, "mailbox"}, Lease: time.Minute, MaxPerCategory: 10})
 			return err
@@ -479,4 +484,67 @@ func partitionJoin(e *env) {
 		}
 		e.wantIDs(fmt.Sprintf("rank %d after the join", i), e.claim(inst).Work, want...)
 	}
+}
+
+// claimReadLimit: a claim bounded by ReadLimit may stop early, but what it
+// hands out obeys the order rules as any claim does, and it hands out at
+// least the claimable rows among the first ReadLimit ready rows. The rows
+// are laid out so that a bound applied to the ready rows alone would break
+// order: stream X's three ready rows come first, then stream V's first row
+// (ready again: given back) and its second row, whose lease ran out. A
+// claim that read three ready rows and every lapsed row would take V's
+// second row without its first.
+func claimReadLimit(e *env) {
+	a := e.instances(1)[0]
+	c := driver.Outbox
+	x := []driver.NewWork{item(c, "readlimit-x"), item(c, "readlimit-x"), item(c, "readlimit-x")}
+	v := []driver.NewWork{item(c, "readlimit-v"), item(c, "readlimit-v")}
+	e.enqueue(append(append([]driver.NewWork(nil), x...), v...)...)
+	first := e.claimReq(driver.ClaimRequest{InstanceID: a, Categories: []driver.Category{c}, Lease: time.Minute, MaxPerCategory: 10})
+	e.wantIDs("first claim", first.Work, append(idsOfNew(x), idsOfNew(v)...)...)
+	var back []driver.Ref
+	for _, w := range first.Work {
+		if w.ID != v[1].ID {
+			back = append(back, w.Ref())
+		}
+	}
+	e.wantAck("release of all but V's second row", e.release(a, back...), len(back), nil, nil)
+	e.advance(time.Minute + time.Second) // V's second row's lease runs out
+
+	bounded := e.claimReq(driver.ClaimRequest{InstanceID: a, Categories: []driver.Category{c}, Lease: defaultLease, MaxPerCategory: 10, ReadLimit: 3})
+	got := map[uuid.UUID]bool{}
+	for _, w := range bounded.Work {
+		got[w.ID] = true
+	}
+	for _, w := range x {
+		if !got[w.ID] {
+			e.t.Fatalf("claim with ReadLimit 3 handed out %v: it left out %s, one of the first 3 ready rows and claimable",
+				shortIDs(idsOf(bounded.Work)), w.ID)
+		}
+	}
+	if got[v[1].ID] && !got[v[0].ID] {
+		e.t.Fatalf("claim with ReadLimit 3 handed out V's second row without its first (%v): order broken", shortIDs(idsOf(bounded.Work)))
+	}
+	lapsed := first.Work[0].LeaseExpiry
+	if !got[v[0].ID] {
+		e.mustBeUnleased(c, v[0].ID, 0, "after a bounded claim that did not take it (given back, so attempt 1 was too)")
+	}
+	if !got[v[1].ID] {
+		e.mustBeLeased(c, v[1].ID, a, lapsed, 1, "after a bounded claim that did not take it (its lease ran out)")
+	}
+	// An unbounded claim takes what the bounded one left: nothing is lost.
+	rest := e.claimReq(driver.ClaimRequest{InstanceID: a, Categories: []driver.Category{c}, Lease: defaultLease, MaxPerCategory: 10})
+	var left []uuid.UUID
+	for _, w := range v {
+		if !got[w.ID] {
+			left = append(left, w.ID)
+		}
+	}
+	e.wantIDs("unbounded claim after the bounded one", rest.Work, left...)
+	// Given back, the first attempts were not counted; V's second row ran
+	// its first attempt out.
+	for _, w := range append(append([]driver.NewWork(nil), x...), v[0]) {
+		e.mustBeLeased(c, w.ID, a, e.now().Add(defaultLease), 1, "after both claims")
+	}
+	e.mustBeLeased(c, v[1].ID, a, e.now().Add(defaultLease), 2, "after both claims")
 }

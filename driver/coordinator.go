@@ -65,6 +65,20 @@ type ClaimRequest struct {
 	// MaxPerCategory caps the rows returned per category (spec:
 	// MaxStreamsPerBatch, default 1000); at most MaxCount.
 	MaxPerCategory int
+	// ReadLimit, when > 0, bounds how far a category's claim reads: a
+	// store may stop at the ReadLimit-th ready row (unleased, unscheduled)
+	// in Seq order among those it considers for the caller, and then
+	// claims exactly what an unbounded claim would claim if the category
+	// held no row past that one. Order and routing hold as for any claim;
+	// the rows past the bound wait for a later claim. A store may also
+	// read further (memdriver skips blocked scopes without reading their
+	// rows, so it ignores the bound). 0 reads without a bound.
+	//
+	// The claim loop bounds the claim it makes at once after a full batch:
+	// the ready rows left are then often all behind rows that batch
+	// leased, and an unbounded read would look at every one of them to
+	// take nothing. At most MaxCount.
+	ReadLimit int
 }
 
 // Validate checks r.
@@ -85,6 +99,12 @@ func (r ClaimRequest) Validate() error {
 	}
 	if r.MaxPerCategory > MaxCount {
 		return fmt.Errorf("%w: MaxPerCategory: %d is above MaxCount %d", ErrInvalidArgument, r.MaxPerCategory, MaxCount)
+	}
+	if r.ReadLimit < 0 {
+		return fmt.Errorf("%w: ReadLimit: %d, want >= 0 (0: no bound)", ErrInvalidArgument, r.ReadLimit)
+	}
+	if r.ReadLimit > MaxCount {
+		return fmt.Errorf("%w: ReadLimit: %d is above MaxCount %d", ErrInvalidArgument, r.ReadLimit, MaxCount)
 	}
 	return nil
 }

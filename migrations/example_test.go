@@ -36,6 +36,7 @@ func ExampleRender() {
 	// 0013_pauses: creates wp_ objects in "shop": true
 	// 0014_lock_order: creates wp_ objects in "shop": true
 	// 0015_rank_residues: creates wp_ objects in "shop": true
+	// 0016_bounded_reads: creates wp_ objects in "shop": true
 	// true
 }
 

@@ -24,7 +24,7 @@ type call struct {
 var (
 	callEnqueue        = call{"wp_enqueue", []string{"text[]", "uuid[]", "text[]", "integer[]", "text[]", "text[]", "bytea[]", "text[]", "timestamptz[]", "timestamptz", "boolean"}, false}
 	callEnqueuePrepare = call{"wp_enqueue_prepare", []string{"text[]", "text[]", "integer[]", "timestamptz[]", "timestamptz"}, false}
-	callClaim          = call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz"}, true}
+	callClaim          = call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz", "integer"}, true}
 	callRenew          = call{"wp_renew_leases", []string{"uuid", "text", "uuid[]", "bigint", "timestamptz"}, true}
 	callComplete       = call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
 	callFail           = call{"wp_fail", []string{"uuid", "text[]", "uuid[]", "integer[]", "text[]", "bigint[]", "integer", "bigint", "bigint", "timestamptz", "text[]", "boolean[]"}, true}

@@ -197,8 +197,12 @@ func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.Claim
 	for i, ct := range cats {
 		names[i] = string(ct)
 	}
+	var read any // NULL: no bound
+	if req.ReadLimit > 0 {
+		read = int32(req.ReadLimit)
+	}
 	rows, err := c.db.Query(ctx, c.sql.claimSQL(cats), c.d.uuid(req.InstanceID), c.arr(c.db, names),
-		req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg())
+		req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg(), read)
 	if err != nil {
 		return driver.ClaimResult{}, c.mapError("ClaimWork", err)
 	}

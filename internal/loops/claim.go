@@ -341,6 +341,18 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 	return d, untilSignal
 }
 
+// afterShort caps the wait after a bounded claim that came back short
+// (short): an ordinary claim follows within the poll interval, whatever
+// the backoff or the safety-net setting, since rows past the bound may be
+// claimable and nothing signals them. Completions of the batch before it
+// usually ask for that claim sooner.
+func (w *ClaimWorker) afterShort(short bool, wait time.Duration, untilSignal bool) (time.Duration, bool) {
+	if short && (untilSignal || wait > w.opts.PollInterval) {
+		return w.opts.PollInterval, false
+	}
+	return wait, untilSignal
+}
+
 // noteGate feeds one observation of the gate into the state machine and
 // fires the reconnect catch-up on a real unavailable→available transition.
 func (w *ClaimWorker) noteGate(up bool) {
@@ -386,13 +398,16 @@ func (w *ClaimWorker) noteSignal(s driver.Signal, ok bool) {
 
 // collapse consumes every pending wake and signal, since the claim about to
 // start serves them all, then reads the gate directly (signals may have been
-// dropped). It reports whether the gate came back since the last call.
-func (w *ClaimWorker) collapse() bool {
+// dropped). It reports whether the gate came back since the last call, and
+// whether it consumed a wake or a signal.
+func (w *ClaimWorker) collapse() (reconnected, woken bool) {
 	for done := false; !done; {
 		select {
 		case <-w.wake:
+			woken = true
 		case s, ok := <-w.signals:
 			w.noteSignal(s, ok)
+			woken = true
 		default:
 			done = true
 		}
@@ -402,7 +417,7 @@ func (w *ClaimWorker) collapse() bool {
 	}
 	r := w.reconnected
 	w.reconnected = false
-	return r
+	return r, woken
 }
 
 // waitFor waits d (or only for a wake when untilSignal), returning early on
@@ -496,10 +511,20 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 	registered := false
 	emptyPolls := 0
 	caughtUp := false
+	// bounded: this claim follows a full batch at once and reads no
+	// further than the rows it may take (driver.ClaimRequest.ReadLimit).
+	// The rows that batch left are often all behind the rows it leased,
+	// and an unbounded read would look at every one of them to take
+	// nothing. A wake or a signal makes the claim an ordinary one.
+	bounded := false
 	for ctx.Err() == nil {
-		if w.collapse() {
+		reconnected, woken := w.collapse()
+		if reconnected {
 			// A reconnect starts the backoff afresh.
 			emptyPolls = 0
+		}
+		if woken || reconnected {
+			bounded = false
 		}
 		if !registered {
 			if err := w.heartbeat(ctx); err != nil {
@@ -509,6 +534,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 				emptyPolls++
 				d := backoff(w.opts.PollInterval, w.opts.MaxPollInterval, emptyPolls)
 				w.logger.Error("heartbeat before claim failed; not claiming", "retry_in", d, "error", err)
+				bounded = false
 				if !sleepCtx(ctx, d) {
 					return
 				}
@@ -520,6 +546,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		if w.capacity != nil {
 			free := w.capacity()
 			if free <= 0 {
+				bounded = false
 				if !w.waitWake(ctx) {
 					return
 				}
@@ -529,12 +556,16 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		}
 		start := time.Now()
 		stamp := claimStamp{at: start, n: w.started.Add(1)}
-		res, err := w.coord.ClaimWork(ctx, driver.ClaimRequest{
+		req := driver.ClaimRequest{
 			InstanceID:     w.id,
 			Categories:     w.cats,
 			Lease:          w.opts.Lease,
 			MaxPerCategory: limit,
-		})
+		}
+		if bounded {
+			req.ReadLimit = limit
+		}
+		res, err := w.coord.ClaimWork(ctx, req)
 		if err != nil && ctx.Err() != nil {
 			return
 		}
@@ -565,10 +596,14 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			w.batches.Add(1)
 			w.items.Add(uint64(len(res.Work)))
 		}
+		// A bounded claim that came back short may have left claimable
+		// rows past its bound, which nothing signals.
+		short := bounded && err == nil && !res.HasMore
 		var wait time.Duration
 		var untilSignal bool
 		if !res.HasMore {
 			wait, untilSignal = w.waitAfter(emptyPolls, err != nil)
+			wait, untilSignal = w.afterShort(short, wait, untilSignal)
 		}
 		if w.hooks.OnPoll != nil {
 			w.hooks.OnPoll(PollEvent{Start: start, Items: len(res.Work), HasMore: res.HasMore, Err: err,
@@ -583,8 +618,10 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			selfWait, selfDecides = w.self.after(ctx, start, len(res.Work), err != nil, w.gateUp)
 		}
 		if res.HasMore {
+			bounded = true
 			continue
 		}
+		bounded = false
 		// The sink may have blocked for long; the gate may have changed.
 		if w.sub != nil {
 			w.noteGate(w.sub.Available())
@@ -596,6 +633,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		if selfDecides {
 			wait, untilSignal = selfWait, false
 		}
+		wait, untilSignal = w.afterShort(short, wait, untilSignal)
 		if !w.waitFor(ctx, wait, untilSignal) {
 			return
 		}

@@ -779,3 +779,90 @@ func TestClaimGateNoticedWhileFull(t *testing.T) {
 		}
 	})
 }
+
+// readLimits returns the ReadLimit of every claim coord saw, in order.
+func readLimits(coord *fakeCoord) []int {
+	var out []int
+	for _, c := range coord.of("claim") {
+		out = append(out, c.req.(driver.ClaimRequest).ReadLimit)
+	}
+	return out
+}
+
+func TestClaimAfterAFullBatchIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			switch n {
+			case 1, 2:
+				return driver.ClaimResult{Work: work(driver.Inbox, req.MaxPerCategory), HasMore: true}, nil
+			case 4:
+				return driver.ClaimResult{Work: work(driver.Inbox, 3)}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, nil)
+		r.start()
+		time.Sleep(ms(600))
+		stop(t, r.w)
+		// Claims 2 and 3 follow full batches at once and read no further
+		// than they may take; claim 3 came back short, and the next one,
+		// after the base wait, is ordinary.
+		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, 0, 0, ms(250), ms(500)})
+		if got := readLimits(coord)[:5]; !slices.Equal(got, []int{0, 50, 50, 0, 0}) {
+			t.Fatalf("ReadLimit of the claims: %v, want [0 50 50 0 0]", got)
+		}
+	})
+}
+
+func TestClaimAfterAFullBatchIsOrdinaryWhenWoken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			if n <= 2 {
+				return driver.ClaimResult{Work: work(driver.Inbox, req.MaxPerCategory), HasMore: true}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		var r *claimRig
+		sub := newFakeSub(true)
+		r = newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, sub, func(c *ClaimConfig) {
+			sink := c.Sink
+			c.Sink = func(ctx context.Context, batch []driver.Work) {
+				sink(ctx, batch)
+				if len(r.batches) == 1 {
+					r.w.RequestImmediatePoll() // local work: claim 2 serves it
+				} else {
+					sub.send(driver.SignalWork) // a signal: claim 3 serves it
+				}
+			}
+		})
+		r.start()
+		time.Sleep(ms(100))
+		stop(t, r.w)
+		if got := readLimits(coord)[:3]; !slices.Equal(got, []int{0, 0, 0}) {
+			t.Fatalf("ReadLimit of the claims: %v, want [0 0 0]: a wake or a signal asks for an ordinary claim", got)
+		}
+	})
+}
+
+func TestClaimShortBoundedClaimEndsASignalOnlyWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			if n == 1 {
+				return driver.ClaimResult{Work: work(driver.Inbox, req.MaxPerCategory), HasMore: true}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50, DisableSafetyNetPoll: true}, sub, nil)
+		r.start()
+		time.Sleep(time.Hour)
+		stop(t, r.w)
+		// Signals only, but the bounded claim (at 0) may have left rows
+		// past its bound: an ordinary claim follows within the base poll
+		// interval, and then the worker waits for signals.
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, 0, ms(250)})
+		if got := readLimits(coord); !slices.Equal(got, []int{0, 50, 0}) {
+			t.Fatalf("ReadLimit of the claims: %v, want [0 50 0]", got)
+		}
+	})
+}
