@@ -345,7 +345,11 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 // (short): an ordinary claim follows within the poll interval, whatever
 // the backoff or the safety-net setting, since rows past the bound may be
 // claimable and nothing signals them. Completions of the batch before it
-// usually ask for that claim sooner.
+// usually ask for that claim sooner (RequestImmediatePoll). The
+// self-polling cadence does not apply to that wait: until the batch's
+// completions are written, an ordinary claim would read the same rows
+// behind it; enqueues that skipped their signal meanwhile are picked up by
+// that claim.
 func (w *ClaimWorker) afterShort(short bool, wait time.Duration, untilSignal bool) (time.Duration, bool) {
 	if short && (untilSignal || wait > w.opts.PollInterval) {
 		return w.opts.PollInterval, false
@@ -630,7 +634,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			}
 		}
 		wait, untilSignal = w.waitAfter(emptyPolls, err != nil)
-		if selfDecides {
+		if selfDecides && !short { // (see afterShort)
 			wait, untilSignal = selfWait, false
 		}
 		wait, untilSignal = w.afterShort(short, wait, untilSignal)

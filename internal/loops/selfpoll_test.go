@@ -2,6 +2,7 @@ package loops
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -409,4 +410,39 @@ func TestSelfPollingTakeoverAgainInALaterPeriod(t *testing.T) {
 		eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0, ms(50), ms(302), ms(554), sec(1), sec(1) + ms(50)})
 		eqDurations(t, "close", coord.offsets("close", r.t0), []time.Duration{ms(50), ms(52), ms(304), ms(556), sec(1) + ms(50), sec(1) + ms(52)})
 	})
+}
+
+// TestSelfPollingPausesAfterAShortBoundedClaim: a bounded claim that came
+// back short (its batch's rows block the rest) is not followed at the
+// self-polling cadence, where an ordinary claim would walk the same blocked
+// rows before the batch's completions are written, but by the first wake
+// (completions written) or at the poll interval at the latest.
+func TestSelfPollingPausesAfterAShortBoundedClaim(t *testing.T) {
+	for _, wake := range []bool{false, true} {
+		t.Run(map[bool]string{false: "poll interval", true: "wake"}[wake], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				coord := selfPollCoord{fakeCoord: &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+					if n == 1 {
+						return driver.ClaimResult{Work: work(driver.Inbox, req.MaxPerCategory), HasMore: true}, nil
+					}
+					return driver.ClaimResult{}, nil
+				}}}
+				r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, newFakeSub(true), nil)
+				r.start()
+				next := ms(250)
+				if wake {
+					time.Sleep(ms(10))
+					r.w.RequestImmediatePoll()
+					next = ms(10)
+				}
+				time.Sleep(sec(1))
+				stop(t, r.w)
+				eqDurations(t, "first claims", r.claims()[:3], []time.Duration{0, 0, next})
+				if got := readLimits(coord.fakeCoord)[:3]; !slices.Equal(got, []int{0, 50, 0}) {
+					t.Fatalf("ReadLimit of the first claims: %v, want [0 50 0]", got)
+				}
+				eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
+			})
+		})
+	}
 }
