@@ -34,6 +34,10 @@ func claimCases() []testCase {
 			_, err := e.c.ClaimWork(e.ctx, driver.ClaimRequest{InstanceID: f.b, Lease: time.Minute, MaxPerCategory: 10, ReadLimit: -1})
 			return err
 		}),
+		rejectCase("Claim/RejectsReadLimitAboveMaxCount", driver.ErrInvalidArgument, "ReadLimit", func(e *env, f *fixture) error {
+			_, err := e.c.ClaimWork(e.ctx, driver.ClaimRequest{InstanceID: f.b, Lease: time.Minute, MaxPerCategory: 10, ReadLimit: driver.MaxCount + 1})
+			return err
+		}),
 		rejectCase("Claim/RejectsUnknownCategory", driver.ErrUnknownCategory, "Categories", func(e *env, f *fixture) error {
 			_, err := e.c.ClaimWork(e.ctx, driver.ClaimRequest{InstanceID: f.b, Categories: []driver.Category{driver.Outbox, "mailbox"}, Lease: time.Minute, MaxPerCategory: 10})
 			return err

@@ -341,6 +341,27 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 	return d, untilSignal
 }
 
+// shortOf reports whether a claim of up to limit rows per category
+// returned fewer in one of the worker's categories.
+func (w *ClaimWorker) shortOf(work []driver.Work, limit int) bool {
+	cats := w.cats
+	if len(cats) == 0 {
+		cats = driver.Categories
+	}
+	for _, c := range cats {
+		n := 0
+		for i := range work {
+			if work[i].Category == c {
+				n++
+			}
+		}
+		if n < limit {
+			return true
+		}
+	}
+	return false
+}
+
 // afterShort caps the wait after a bounded claim that came back short
 // (short): an ordinary claim follows within the poll interval, whatever
 // the backoff or the safety-net setting, since rows past the bound may be
@@ -600,9 +621,9 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			w.batches.Add(1)
 			w.items.Add(uint64(len(res.Work)))
 		}
-		// A bounded claim that came back short may have left claimable
-		// rows past its bound, which nothing signals.
-		short := bounded && err == nil && !res.HasMore
+		// A bounded claim that came back short in any category may have
+		// left claimable rows of it past its bound, which nothing signals.
+		short := bounded && err == nil && w.shortOf(res.Work, limit)
 		var wait time.Duration
 		var untilSignal bool
 		if !res.HasMore {
@@ -622,7 +643,11 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			selfWait, selfDecides = w.self.after(ctx, start, len(res.Work), err != nil, w.gateUp)
 		}
 		if res.HasMore {
-			bounded = true
+			// Another category filled its batch: claim again at once,
+			// bounded unless this claim left a category short (bounded
+			// again, it would stop at the same rows of that category for
+			// as long as the other stays full).
+			bounded = !short
 			continue
 		}
 		bounded = false

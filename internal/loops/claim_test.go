@@ -800,7 +800,9 @@ func TestClaimAfterAFullBatchIsBounded(t *testing.T) {
 			}
 			return driver.ClaimResult{}, nil
 		}}
-		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, nil)
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+		})
 		r.start()
 		time.Sleep(ms(600))
 		stop(t, r.w)
@@ -863,6 +865,33 @@ func TestClaimShortBoundedClaimEndsASignalOnlyWait(t *testing.T) {
 		eqDurations(t, "claims", r.claims(), []time.Duration{0, 0, ms(250)})
 		if got := readLimits(coord); !slices.Equal(got, []int{0, 50, 0}) {
 			t.Fatalf("ReadLimit of the claims: %v, want [0 50 0]", got)
+		}
+	})
+}
+
+// TestClaimAfterABatchShortInOneCategoryIsOrdinary: while one category
+// keeps filling its batch, a bounded claim that left another category
+// short is followed at once by an ordinary claim, not by another bounded
+// one that would stop at the same rows of the short category.
+func TestClaimAfterABatchShortInOneCategoryIsOrdinary(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			if n <= 4 {
+				// The outbox is full every time; the inbox gives one row.
+				w := append(work(driver.Outbox, req.MaxPerCategory), work(driver.Inbox, 1)...)
+				return driver.ClaimResult{Work: w, HasMore: true}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Outbox, driver.Inbox}
+		})
+		r.start()
+		time.Sleep(ms(100))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, 0, 0, 0, 0})
+		if got := readLimits(coord)[:5]; !slices.Equal(got, []int{0, 50, 0, 50, 0}) {
+			t.Fatalf("ReadLimit of the claims: %v, want [0 50 0 50 0]", got)
 		}
 	})
 }
