@@ -77,7 +77,9 @@ type ClaimRequest struct {
 	// The claim loop bounds the claim it makes at once after a full batch:
 	// the ready rows left are then often all behind rows that batch
 	// leased, and an unbounded read would look at every one of them to
-	// take nothing. At most MaxCount.
+	// take nothing. At most MaxCount. On Postgres a bounded claim needs
+	// schema version 16; an unbounded one is also answered by an older
+	// schema still waiting for migrate up.
 	ReadLimit int
 }
 

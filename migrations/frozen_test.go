@@ -45,6 +45,8 @@ var released = map[string]string{
 	"0014_lock_order.up.sql":           "faeced8319fda893440c07eb4a052a65014945177aba66934efd58338cd06dd9",
 	"0015_rank_residues.down.sql":      "ac7d7d6e1677b5985bdd0f63430a1472575a838d982c4431aed2d95705c7a5d2",
 	"0015_rank_residues.up.sql":        "3f263acdb592bc96c6da12f906019b0155dbf429d48e74e6989f8a90b0746ff2",
+	"0016_bounded_reads.down.sql":      "45a34e05d5d3b8a613dc76b952775fe276f88cee94f87ddcbf68974418a9513c",
+	"0016_bounded_reads.up.sql":        "7d2b95672d6db9e7d4ad42af699378206757ccae0c6370d9034c83eaf7ff92b8",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released

@@ -24,7 +24,8 @@ type call struct {
 var (
 	callEnqueue        = call{"wp_enqueue", []string{"text[]", "uuid[]", "text[]", "integer[]", "text[]", "text[]", "bytea[]", "text[]", "timestamptz[]", "timestamptz", "boolean"}, false}
 	callEnqueuePrepare = call{"wp_enqueue_prepare", []string{"text[]", "text[]", "integer[]", "timestamptz[]", "timestamptz"}, false}
-	callClaim          = call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz", "integer"}, true}
+	callClaim          = call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz"}, true}
+	callClaimRead      = call{"wp_claim_work", []string{"uuid", "text[]", "bigint", "integer", "timestamptz", "integer"}, true} // version 16's bounded read
 	callRenew          = call{"wp_renew_leases", []string{"uuid", "text", "uuid[]", "bigint", "timestamptz"}, true}
 	callComplete       = call{"wp_complete", []string{"uuid", "text[]", "uuid[]", "integer[]", "timestamptz"}, true}
 	callFail           = call{"wp_fail", []string{"uuid", "text[]", "uuid[]", "integer[]", "text[]", "bigint[]", "integer", "bigint", "bigint", "timestamptz", "text[]", "boolean[]"}, true}
@@ -154,6 +155,7 @@ func (st claimTexts) forCategories(cats []driver.Category) string {
 type statements struct {
 	enqueue, enqueuePrepare, completeInTx         string
 	claim, renew, complete, fail, release         string
+	claimRead                                     string // bounded (ClaimRequest.ReadLimit)
 	failPlain                                     string
 	heartbeat, cleanup, deregister, purge         string
 	getWork, listInstances, findDead, streamOwner string
@@ -182,6 +184,7 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 		enqueuePrepare: callEnqueuePrepare.sql(schema, ph),
 		completeInTx:   callComplete.sql(schema, ph),
 		claim:          claim(callClaim, schema, ph),
+		claimRead:      claim(callClaimRead, schema, ph),
 		renew:          ack(callRenew, schema, ph),
 		complete:       ack(callComplete, schema, ph),
 		fail:           ack(callFail, schema, ph),

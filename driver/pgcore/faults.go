@@ -33,6 +33,8 @@ func init() {
 		switch name {
 		case "claim":
 			return st.claim
+		case "claimRead":
+			return st.claimRead
 		case "enqueue":
 			return st.enqueue
 		case "enqueuePrepare":

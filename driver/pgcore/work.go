@@ -197,12 +197,17 @@ func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.Claim
 	for i, ct := range cats {
 		names[i] = string(ct)
 	}
-	var read any // NULL: no bound
+	text := c.sql.claimSQL(cats)
+	args := []any{c.d.uuid(req.InstanceID), c.arr(c.db, names), req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg()}
 	if req.ReadLimit > 0 {
-		read = int32(req.ReadLimit)
+		// Version 16's argument. An unbounded claim keeps the older call
+		// text, which a schema still waiting for migrate up answers too;
+		// the claim loop bounds claims only once the schema is current.
+		// A bounded claim follows a full batch, so it skips the gate.
+		text = c.sql.claimRead
+		args = append(args, int32(req.ReadLimit))
 	}
-	rows, err := c.db.Query(ctx, c.sql.claimSQL(cats), c.d.uuid(req.InstanceID), c.arr(c.db, names),
-		req.Lease.Nanoseconds(), int32(req.MaxPerCategory), c.nowArg(), read)
+	rows, err := c.db.Query(ctx, text, args...)
 	if err != nil {
 		return driver.ClaimResult{}, c.mapError("ClaimWork", err)
 	}

@@ -49,7 +49,7 @@ func TestClaimGate_AgreesWithTheFunction(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		rows, err := tx.Query(ctx, claimText, id, cats, int64(time.Minute), int32(10), at, nil)
+		rows, err := tx.Query(ctx, claimText, id, cats, int64(time.Minute), int32(10), at)
 		n := 0
 		if err == nil {
 			for rows.Next() {

@@ -316,7 +316,7 @@ func claimPlan(t *testing.T, c *Coordinator, inst uuid.UUID) string {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(1000), nowArg(c), nil)
+	rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(1000), nowArg(c))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -911,7 +911,7 @@ func TestAsynchronousClaims(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{"outbox"}, int64(time.Minute), 1, nowArg(c), nil)
+		rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{"outbox"}, int64(time.Minute), 1, nowArg(c))
 		if err != nil {
 			t.Fatal(err)
 		}

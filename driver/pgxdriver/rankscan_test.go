@@ -70,7 +70,7 @@ func claimCounting(t *testing.T, c *Coordinator, inst uuid.UUID, index string) (
 	if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_fetched($1::regclass)`, index).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(5000), nowArg(c), nil)
+	rows, err := tx.Query(ctx, stmt(c, "claim"), inst, []string{}, (5 * time.Minute).Nanoseconds(), int32(5000), nowArg(c))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,8 @@ var (
 )
 
 // SQL returns one of a core's statement texts by name, for tests that run
-// it by hand: "claim", "enqueue", "enqueuePrepare", "tryLock", "unlock", or
-// "claim:" followed by comma-separated categories for the claim text of
-// that category set.
+// it by hand: "claim", "claimRead" (the bounded claim, with a sixth
+// argument), "enqueue", "enqueuePrepare", "tryLock", "unlock", or "claim:"
+// followed by comma-separated categories for the claim text of that
+// category set.
 var SQL func(c any, name string) string
