@@ -341,6 +341,15 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 	return d, untilSignal
 }
 
+// boundedRead is the ReadLimit of a claim of up to limit rows per category
+// made at once after a full batch: twice the limit. Near the head of the
+// backlog, the rows just leased leave about one row each behind them (the
+// next of their streams), so a read of one batch past them reaches the
+// rows of streams the batch did not take, where there are any; a read of
+// one batch only would stop in the middle of them and leave them to the
+// claims the completions ask for.
+func boundedRead(limit int) int { return min(2*limit, driver.MaxCount) }
+
 // shortOf reports whether a claim of up to limit rows per category
 // returned fewer in one of the worker's categories.
 func (w *ClaimWorker) shortOf(work []driver.Work, limit int) bool {
@@ -537,10 +546,10 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 	emptyPolls := 0
 	caughtUp := false
 	// bounded: this claim follows a full batch at once and reads no
-	// further than the rows it may take (driver.ClaimRequest.ReadLimit).
-	// The rows that batch left are often all behind the rows it leased,
-	// and an unbounded read would look at every one of them to take
-	// nothing. A wake or a signal makes the claim an ordinary one.
+	// further than twice the rows it may take (boundedRead). The rows
+	// that batch left are often all behind the rows it leased, and an
+	// unbounded read would look at every one of them to take nothing. A
+	// wake or a signal makes the claim an ordinary one.
 	bounded := false
 	for ctx.Err() == nil {
 		reconnected, woken := w.collapse()
@@ -588,7 +597,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			MaxPerCategory: limit,
 		}
 		if bounded {
-			req.ReadLimit = limit
+			req.ReadLimit = boundedRead(limit)
 		}
 		res, err := w.coord.ClaimWork(ctx, req)
 		if err != nil && ctx.Err() != nil {

@@ -807,11 +807,11 @@ func TestClaimAfterAFullBatchIsBounded(t *testing.T) {
 		time.Sleep(ms(600))
 		stop(t, r.w)
 		// Claims 2 and 3 follow full batches at once and read no further
-		// than they may take; claim 3 came back short, and the next one,
+		// than twice what they may take; claim 3 came back short, and the next one,
 		// after the base wait, is ordinary.
 		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, 0, 0, ms(250), ms(500)})
-		if got := readLimits(coord)[:5]; !slices.Equal(got, []int{0, 50, 50, 0, 0}) {
-			t.Fatalf("ReadLimit of the claims: %v, want [0 50 50 0 0]", got)
+		if got := readLimits(coord)[:5]; !slices.Equal(got, []int{0, 100, 100, 0, 0}) {
+			t.Fatalf("ReadLimit of the claims: %v, want [0 100 100 0 0]", got)
 		}
 	})
 }
@@ -863,8 +863,8 @@ func TestClaimShortBoundedClaimEndsASignalOnlyWait(t *testing.T) {
 		// past its bound: an ordinary claim follows within the base poll
 		// interval, and then the worker waits for signals.
 		eqDurations(t, "claims", r.claims(), []time.Duration{0, 0, ms(250)})
-		if got := readLimits(coord); !slices.Equal(got, []int{0, 50, 0}) {
-			t.Fatalf("ReadLimit of the claims: %v, want [0 50 0]", got)
+		if got := readLimits(coord); !slices.Equal(got, []int{0, 100, 0}) {
+			t.Fatalf("ReadLimit of the claims: %v, want [0 100 0]", got)
 		}
 	})
 }
@@ -890,8 +890,8 @@ func TestClaimAfterABatchShortInOneCategoryIsOrdinary(t *testing.T) {
 		time.Sleep(ms(100))
 		stop(t, r.w)
 		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, 0, 0, 0, 0})
-		if got := readLimits(coord)[:5]; !slices.Equal(got, []int{0, 50, 0, 50, 0}) {
-			t.Fatalf("ReadLimit of the claims: %v, want [0 50 0 50 0]", got)
+		if got := readLimits(coord)[:5]; !slices.Equal(got, []int{0, 100, 0, 100, 0}) {
+			t.Fatalf("ReadLimit of the claims: %v, want [0 100 0 100 0]", got)
 		}
 	})
 }

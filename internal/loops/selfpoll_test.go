@@ -438,8 +438,8 @@ func TestSelfPollingPausesAfterAShortBoundedClaim(t *testing.T) {
 				time.Sleep(sec(1))
 				stop(t, r.w)
 				eqDurations(t, "first claims", r.claims()[:3], []time.Duration{0, 0, next})
-				if got := readLimits(coord.fakeCoord)[:3]; !slices.Equal(got, []int{0, 50, 0}) {
-					t.Fatalf("ReadLimit of the first claims: %v, want [0 50 0]", got)
+				if got := readLimits(coord.fakeCoord)[:3]; !slices.Equal(got, []int{0, 100, 0}) {
+					t.Fatalf("ReadLimit of the first claims: %v, want [0 100 0]", got)
 				}
 				eqDurations(t, "begin", coord.offsets("begin", r.t0), []time.Duration{0})
 			})
