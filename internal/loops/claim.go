@@ -652,10 +652,10 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			selfWait, selfDecides = w.self.after(ctx, start, len(res.Work), err != nil, w.gateUp)
 		}
 		if res.HasMore {
-			// Another category filled its batch: claim again at once,
-			// bounded unless this claim left a category short (bounded
-			// again, it would stop at the same rows of that category for
-			// as long as the other stays full).
+			// A category filled its batch: claim again at once, bounded
+			// unless this bounded claim left another category short
+			// (bounded again, it would stop at the same rows of that
+			// category for as long as the full one stays full).
 			bounded = !short
 			continue
 		}
