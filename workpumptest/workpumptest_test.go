@@ -683,10 +683,11 @@ func TestWorkUntilIdle_FailsAtOnceOnAPumpNotStarted(t *testing.T) {
 			t.Fatal(err)
 		}
 		workpumptest.WorkUntilIdle(t, env.Pump, env.Store)
-		enqueue(t, env.Pump, workpump.NewWork{Category: workpump.Outbox, Name: "late"})
 		if err := env.Pump.Stop(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+		// Enqueued after Stop: a running pump could take it first.
+		enqueue(t, env.Pump, workpump.NewWork{Category: workpump.Outbox, Name: "late"})
 		r = &recorder{}
 		workpumptest.WorkUntilIdle(r, env.Pump, env.Store)
 		wantContains(t, r.message(t), "workpumptest.WorkUntilIdle: the pump is stopping or stopped, so nothing works off what is left: outbox ready 1", `name="late"`)
