@@ -38,18 +38,25 @@ func raceCases() []testCase {
 			name      string
 			peerFirst bool // the peer's id ranks before the claimer's
 		}{{"PeerRanksLast", false}, {"PeerRanksFirst", true}} {
-			cs = append(cs, testCase{
-				name:  fmt.Sprintf("Races/ClaimInFlightWhilePeer%s/%s", peer.name, order.name),
-				needs: needPauses,
-				run: func(e *env) {
-					ids := sortedIDs(2)
-					x, y := ids[0], ids[1]
-					if order.peerFirst {
-						x, y = y, x
-					}
-					e.claimWhilePeerJoins(x, y, peer.do)
-				},
-			})
+			// Bounded: the held claim is a ReadLimit one whose bound
+			// takes in every row enqueued, so the same outcome is due.
+			for _, read := range []struct {
+				name  string
+				limit int
+			}{{"", 0}, {"/Bounded", 7}} {
+				cs = append(cs, testCase{
+					name:  fmt.Sprintf("Races/ClaimInFlightWhilePeer%s/%s%s", peer.name, order.name, read.name),
+					needs: needPauses,
+					run: func(e *env) {
+						ids := sortedIDs(2)
+						x, y := ids[0], ids[1]
+						if order.peerFirst {
+							x, y = y, x
+						}
+						e.claimWhilePeerJoins(x, y, read.limit, peer.do)
+					},
+				})
+			}
 		}
 	}
 	cs = append(cs,
@@ -75,8 +82,8 @@ func raceCases() []testCase {
 // starts) up to its pause point; then y registers, claims the head of
 // stream s (which ranks to y once both are live) and acts on it with peer;
 // then x's claim goes on. Stream t ranks to x either way and must be
-// claimed whole by x.
-func (e *env) claimWhilePeerJoins(x, y uuid.UUID, peer func(e *env, y uuid.UUID, head driver.Work)) {
+// claimed whole by x. readLimit is x's ClaimRequest.ReadLimit (0: none).
+func (e *env) claimWhilePeerJoins(x, y uuid.UUID, readLimit int, peer func(e *env, y uuid.UUID, head driver.Work)) {
 	e.t.Helper()
 	c := driver.Outbox
 	both := []uuid.UUID{x, y}
@@ -92,7 +99,7 @@ func (e *env) claimWhilePeerJoins(x, y uuid.UUID, peer func(e *env, y uuid.UUID,
 	if err != nil {
 		e.t.Fatalf("Arm: %v", err)
 	}
-	req := driver.ClaimRequest{InstanceID: x, Categories: []driver.Category{c}, Lease: defaultLease, MaxPerCategory: bigBatch}
+	req := driver.ClaimRequest{InstanceID: x, Categories: []driver.Category{c}, Lease: defaultLease, MaxPerCategory: bigBatch, ReadLimit: readLimit}
 	type outcome struct {
 		res driver.ClaimResult
 		err error
