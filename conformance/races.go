@@ -71,6 +71,11 @@ func raceCases() []testCase {
 		testCase{name: "Lease/ShorterRenewalKeepsTheStreamLease", run: shorterRenewal},
 	)
 	cs = append(cs, testCase{
+		name:  "Races/ClaimBesideAHeldClaimReportsTheOverlap",
+		needs: needPauses,
+		run:   claimBesideAHeldClaim,
+	})
+	cs = append(cs, testCase{
 		name:  "Races/RandomPeersWhileClaimsAreHeld",
 		needs: needPauses,
 		run:   func(e *env) { e.randomPeersWhileClaimsAreHeld(newRand(e.t), 48) },
@@ -162,6 +167,79 @@ func (e *env) claimWhilePeerJoins(x, y uuid.UUID, readLimit int, peer func(e *en
 		// The peer kept the head: it registered after x's claim began, and
 		// it still owns s.
 		e.mustOwn(s, y, head.LeaseExpiry, "a peer that registered during x's claim and holds a row of s")
+	}
+}
+
+// claimBesideAHeldClaim: ClaimResult.Overlapped is true for a claim that
+// began while another claim was held inside the store, and false for a
+// claim that ran alone, before, during the hold (the held one) and after.
+func claimBesideAHeldClaim(e *env) {
+	c := driver.Outbox
+	ids := sortedIDs(2)
+	x, y := ids[0], ids[1]
+	e.register(x, y)
+	xIDs := e.enqueue(items(c, e.streamFor("beside-x", ids, x), 2)...)
+	var yIDs []uuid.UUID
+	for i := range 3 {
+		yIDs = append(yIDs, e.enqueue(items(c, e.streamFor(fmt.Sprintf("beside-y%d-", i), ids, y), 1)...)...)
+	}
+	one := func(id uuid.UUID) driver.ClaimRequest {
+		return driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{c}, Lease: defaultLease, MaxPerCategory: 1}
+	}
+
+	alone := e.claimReq(one(y))
+	e.wantIDs("y's claim alone", alone.Work, yIDs[0])
+	if alone.Overlapped {
+		e.t.Fatal("a claim that ran alone reports an overlap")
+	}
+
+	pause, err := e.store.Pauses.Arm(PauseClaimAfterCandidates, x)
+	if err != nil {
+		e.t.Fatalf("Arm: %v", err)
+	}
+	type outcome struct {
+		res driver.ClaimResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := e.c.ClaimWork(e.ctx, one(x))
+		done <- outcome{res, err}
+	}()
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	if err := pause.Reached(ctx); err != nil {
+		pause.Release()
+		e.t.Fatalf("x's claim never reached its pause point: %v", err)
+	}
+	beside := e.claimReq(one(y))
+	e.wantIDs("y's claim while x's is held", beside.Work, yIDs[1])
+	overlapped := beside.Overlapped
+	pause.Release()
+	var out outcome
+	select {
+	case out = <-done:
+	case <-ctx.Done():
+		e.t.Fatal("x's claim did not return after its pause was released")
+	}
+	if out.err != nil {
+		e.t.Fatalf("x's claim: %v", out.err)
+	}
+	if !overlapped {
+		e.t.Fatal("a claim that began while another was held in the store reports no overlap")
+	}
+	e.wantIDs("x's held claim", out.res.Work, xIDs[0])
+	if ws := e.get(c, xIDs[0]); ws.InstanceID != x {
+		e.t.Fatalf("after its held claim, %s is leased to %s, want x", xIDs[0], short(ws.InstanceID))
+	}
+	if out.res.Overlapped {
+		e.t.Fatal("the held claim, which began alone, reports an overlap")
+	}
+
+	after := e.claimReq(one(y))
+	e.wantIDs("y's claim after the hold", after.Work, yIDs[2])
+	if after.Overlapped {
+		e.t.Fatal("a claim that ran alone after the hold reports an overlap")
 	}
 }
 

@@ -137,6 +137,14 @@ type ClaimResult struct {
 	// HasMore is true when some category returned MaxPerCategory rows: the
 	// caller should claim again at once.
 	HasMore bool
+	// Overlapped reports that another ClaimWork call on the same store
+	// was under way when this one began, and that this one returned rows.
+	// Claims that run side by side slow each other down (on a database
+	// with few cores, far more than the rows they share explain), so the
+	// claim loop spaces its claims out while they overlap. It is a hint:
+	// a store may miss an overlap, and never reports one that did not
+	// happen.
+	Overlapped bool
 }
 
 // RenewRequest is the argument of RenewLeases.

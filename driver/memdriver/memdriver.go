@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -47,6 +48,7 @@ type Options struct {
 // Inspector returns copies.
 type Store struct {
 	mu         sync.Mutex
+	claiming   atomic.Int32 // ClaimWork calls under way, for ClaimResult.Overlapped
 	nowFn      func() time.Time
 	partitions int
 	sigBuf     int

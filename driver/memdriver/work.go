@@ -115,6 +115,8 @@ func (s *Store) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.
 	if err := req.Validate(); err != nil {
 		return driver.ClaimResult{}, err
 	}
+	beside := s.claiming.Add(1) > 1
+	defer s.claiming.Add(-1)
 	if err := s.waitHold(ctx, holdClaim, req.InstanceID); err != nil {
 		return driver.ClaimResult{}, err
 	}
@@ -137,6 +139,7 @@ func (s *Store) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.
 			res.HasMore = true
 		}
 	}
+	res.Overlapped = beside && len(res.Work) > 0
 	return res, nil
 }
 

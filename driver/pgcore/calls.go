@@ -1,7 +1,9 @@
 package pgcore
 
 import (
+	"hash/fnv"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/workpump/workpump/driver"
@@ -80,9 +82,13 @@ func (c call) sql(schema string, ph func(int) string) string {
 // every earlier acknowledgement durable, so no row runs after a later row
 // of its stream was claimed on a completion that was lost.
 func (c call) asyncCommitSQL(schema string, ph func(int) string) string {
-	return "SELECT f.* FROM set_config('synchronous_commit', 'off', true) AS sc, " +
+	return "SELECT f.* FROM " + asyncCommit + " AS sc, " +
 		strings.TrimPrefix(c.sql(schema, ph), "SELECT * FROM ") + " AS f"
 }
+
+// asyncCommit sets the statement's transaction to commit without waiting
+// for its WAL flush.
+const asyncCommit = "set_config('synchronous_commit', 'off', true)"
 
 // renderer renders a call for a schema and placeholder style.
 type renderer func(c call, schema string, ph func(int) string) string
@@ -90,14 +96,47 @@ type renderer func(c call, schema string, ph func(int) string) string
 // commitModes picks how the core's own calls commit: acknowledgements
 // asynchronously unless syncAcks, claims synchronously unless asyncClaims.
 func commitModes(syncAcks, asyncClaims bool) (ack, claim renderer) {
-	ack, claim = call.asyncCommitSQL, call.sql
+	ack = call.asyncCommitSQL
 	if syncAcks {
 		ack = call.sql
 	}
-	if asyncClaims {
-		claim = call.asyncCommitSQL
+	claim = func(c call, schema string, ph func(int) string) string {
+		return overlapClaimSQL(asyncClaims, c, schema, ph)
 	}
 	return ack, claim
+}
+
+// overlapClaimSQL renders the claim call c, committed as r commits it,
+// so that the statement first tries the store's claim marker (a
+// transaction-scoped advisory lock, taken without waiting) and returns
+// after the function's columns whether another claim held it
+// (driver.ClaimResult.Overlapped). The function takes its instance id
+// from the marker's subquery, a lateral reference that makes Postgres try
+// the marker before the claim starts. Nothing waits on the marker: it
+// only tells a claim that it runs beside another.
+func overlapClaimSQL(async bool, c call, schema string, ph func(int) string) string {
+	var b strings.Builder
+	b.WriteString("SELECT f.*, m.overlapped FROM ")
+	if async {
+		b.WriteString(asyncCommit + " AS sc, ")
+	}
+	b.WriteString("(SELECT " + ph(1) + "::" + c.params[0] + " AS id, NOT pg_try_advisory_xact_lock(" +
+		claimMarker(schema) + ") AS overlapped OFFSET 0) AS m, LATERAL ")
+	b.WriteString(`"` + schema + `".` + c.fn + "(m.id")
+	for i, t := range c.params[1:] {
+		b.WriteString(", " + ph(i+2) + "::" + t)
+	}
+	b.WriteString(") AS f")
+	return b.String()
+}
+
+// claimMarker is the advisory lock key of schema's claim marker, as a
+// bigint literal: fixed for the schema, so that every instance of it
+// tries the same lock.
+func claimMarker(schema string) string {
+	h := fnv.New64a()
+	h.Write([]byte("workpump claim marker\x00" + schema))
+	return strconv.FormatInt(int64(h.Sum64()), 10) + "::bigint"
 }
 
 // gatedClaimSQL renders the claim call with r and $n placeholders,

@@ -218,11 +218,12 @@ func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.Claim
 		meta                  []byte
 		part, att             int32
 		sched, created, lease sql.NullTime
+		overlapped            bool
 	)
 	for rows.Next() {
 		var w driver.Work
 		if err := rows.Scan(&cat, &w.ID, &w.StreamID, &part, &w.Name, &w.MessageType, &w.Payload, &meta,
-			&att, &w.Seq, &sched, &created, &lease, &w.Orphaned); err != nil {
+			&att, &w.Seq, &sched, &created, &lease, &w.Orphaned, &overlapped); err != nil {
 			return driver.ClaimResult{}, c.mapError("ClaimWork", err)
 		}
 		w.Category = driver.Category(cat)
@@ -233,6 +234,7 @@ func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.Claim
 		w.CreatedAt = nullTime(created)
 		w.LeaseExpiry = nullTime(lease)
 		res.Work = append(res.Work, w)
+		res.Overlapped = overlapped
 	}
 	if err := rows.Err(); err != nil {
 		return driver.ClaimResult{}, c.mapError("ClaimWork", err)
