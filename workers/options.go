@@ -122,6 +122,17 @@ type ClaimOptions struct {
 	DisableSelfPolling bool
 	SelfPollInterval   time.Duration
 	SelfPollLinger     time.Duration
+	// Pacing: a claim whose store reports that it ran beside another
+	// claim (driver.ClaimResult.Overlapped) makes the loop wait before its
+	// next claim, whatever asks for it, for that claim's duration times a
+	// random factor from 1 to 3, and no longer than MaxPollInterval. Claims
+	// that run side by side on a database with fewer cores than sessions
+	// stretch each other, and while they run Postgres can neither prune
+	// nor skip the rows that claims and completions left behind, which
+	// makes every statement slower still; spacing them out lets each run
+	// nearly alone. A claim that ran alone, as every claim of a lone
+	// instance does, adds no wait. DisablePacing claims at once.
+	DisablePacing bool
 }
 
 // WithDefaults returns o with every zero field set to its default.

@@ -33,6 +33,7 @@ type benchConfig struct {
 	duration, warmup                   time.Duration
 	asJSON, reset, asyncClaims         bool
 	noSelfPolling                      bool
+	noPacing                           bool
 	selfPollInterval                   time.Duration
 	databaseURL, schema                string
 	cpuProfile                         string
@@ -51,6 +52,7 @@ type benchResult struct {
 	Runs               int     `json:"runs,omitempty"` // set on the summary line of --repeat: the fields are medians
 	AsyncClaims        bool    `json:"async_claims,omitempty"`
 	NoSelfPolling      bool    `json:"no_self_polling,omitempty"`
+	NoPacing           bool    `json:"no_pacing,omitempty"`
 	BareConsumer       bool    `json:"bare_consumer,omitempty"` // appwrite: the pump phases ran the bare consumer instead
 	Otel               bool    `json:"otel,omitempty"`          // burndown: every pump instrumented by otelworkpump
 	OtelSampling       float64 `json:"otel_sampling,omitempty"` // the share of handler spans the sampler records
@@ -103,6 +105,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
 	fs.BoolVar(&c.noSelfPolling, "no-self-polling", false, "instances never poll by themselves: every enqueue NOTIFYs (Claim.DisableSelfPolling)")
+	fs.BoolVar(&c.noPacing, "no-pacing", false, "instances claim at once after a claim that ran beside another (Claim.DisablePacing)")
 	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "the claim cadence of a self-polling period (Claim.SelfPollInterval; 0: the default)")
 	fs.IntVar(&c.repeat, "repeat", 1, "run the bench this many times, each on a fresh store, and end with the medians")
 	fs.BoolVar(&c.otel, "otel", false, "burndown: instrument every pump with otelworkpump on real OpenTelemetry SDK providers whose output goes nowhere (a metric reader never collected, spans batched to an exporter that drops them), backlog gauges included")
@@ -247,6 +250,7 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 		return benchResult{}, err
 	}
 	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.NoSelfPolling, res.BareConsumer = c.mode, be.name(), c.instances, c.asyncClaims, c.noSelfPolling, c.bareConsumer
+	res.NoPacing = c.noPacing
 	res.Otel = c.otel
 	if c.otel {
 		res.OtelSampling = c.otelSampling
@@ -327,8 +331,9 @@ func benchOptions(c benchConfig) workpump.Options {
 		ServiceName: "bench",
 		Concurrency: c.concurrency,
 		MaxInFlight: c.maxInFlight,
-		Claim:       workers.ClaimOptions{MaxStreamsPerBatch: c.batch, DisableSelfPolling: c.noSelfPolling, SelfPollInterval: c.selfPollInterval},
-		Logger:      hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Error}),
+		Claim: workers.ClaimOptions{MaxStreamsPerBatch: c.batch, DisableSelfPolling: c.noSelfPolling, SelfPollInterval: c.selfPollInterval,
+			DisablePacing: c.noPacing},
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "workpump", Level: hclog.Error}),
 	}
 }
 

@@ -183,6 +183,9 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	if c.noSelfPolling {
 		childArgs = append(childArgs, "--no-self-polling")
 	}
+	if c.noPacing {
+		childArgs = append(childArgs, "--no-pacing")
+	}
 	// start starts a child with share instances; it says ready once its
 	// pumps are built, and starts them only on the go line.
 	start := func(share int) (int, error) {
@@ -577,6 +580,7 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&c.maxInFlight, "max-in-flight", 4000, "")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "")
 	fs.BoolVar(&c.noSelfPolling, "no-self-polling", false, "")
+	fs.BoolVar(&c.noPacing, "no-pacing", false, "")
 	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "")
 	fs.StringVar(&c.schema, "schema", "", "")
 	if err := fs.Parse(args); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +57,9 @@ type ClaimConfig struct {
 	Capacity func() int
 	Logger   hclog.Logger // nil: no logs
 	Hooks    ClaimHooks
+	// Jitter returns the random part of a pacing wait, in [0, 1); nil
+	// means math/rand. Tests fix it.
+	Jitter func() float64
 }
 
 // ClaimHooks observe the claim worker. They run on its goroutine; keep them
@@ -171,6 +175,11 @@ type ClaimWorker struct {
 	// started counts ClaimWork calls begun; it is bumped before each call
 	// starts, so a call still in flight is already counted.
 	started atomic.Uint64
+
+	// notBefore is when the next claim may begin (pacing; owned by the
+	// loop), jitter the random part of a pacing wait.
+	notBefore time.Time
+	jitter    func() float64
 }
 
 // NewClaimWorker applies defaults, validates cfg and returns a stopped
@@ -209,6 +218,10 @@ func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
 		hooks:     cfg.Hooks,
 		life:      lifecycle{name: name},
 		wake:      make(chan struct{}, 1),
+		jitter:    cfg.Jitter,
+	}
+	if w.jitter == nil {
+		w.jitter = rand.Float64
 	}
 	w.schema, _ = cfg.Coordinator.(driver.SchemaChecker)
 	if store, ok := cfg.Coordinator.(driver.SelfPolling); ok && cfg.Signals != nil && !opts.DisableSelfPolling {
@@ -339,6 +352,21 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 		return backoff(w.opts.PollInterval, w.opts.MaxPollInterval, emptyPolls), false
 	}
 	return d, untilSignal
+}
+
+// pace sets when the claim after one that began at start may begin: at
+// once, unless that claim overlapped another and pacing is on; then after
+// its duration times a factor from 1 to 3 (random, so that instances that
+// overlapped once drift apart), at most MaxPollInterval.
+func (w *ClaimWorker) pace(start time.Time, overlapped bool) {
+	if !overlapped || w.opts.DisablePacing {
+		w.notBefore = time.Time{}
+		return
+	}
+	now := time.Now()
+	took := now.Sub(start)
+	d := min(time.Duration(float64(took)*(1+2*w.jitter())), w.opts.MaxPollInterval)
+	w.notBefore = now.Add(d)
 }
 
 // boundedRead is the ReadLimit of a claim of up to limit rows per category
@@ -588,6 +616,13 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			}
 			limit = min(limit, free)
 		}
+		if d := time.Until(w.notBefore); d > 0 {
+			// Pacing (see workers.ClaimOptions.DisablePacing): the last
+			// claim ran beside another one.
+			if !sleepCtx(ctx, d) {
+				return
+			}
+		}
 		start := time.Now()
 		stamp := claimStamp{at: start, n: w.started.Add(1)}
 		req := driver.ClaimRequest{
@@ -639,6 +674,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			wait, untilSignal = w.waitAfter(emptyPolls, err != nil)
 			wait, untilSignal = w.afterShort(short, wait, untilSignal)
 		}
+		w.pace(start, err == nil && res.Overlapped)
 		if w.hooks.OnPoll != nil {
 			w.hooks.OnPoll(PollEvent{Start: start, Items: len(res.Work), HasMore: res.HasMore, Err: err,
 				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal})

@@ -895,3 +895,98 @@ func TestClaimAfterABatchShortInOneCategoryIsOrdinary(t *testing.T) {
 		}
 	})
 }
+
+// pacedCoord answers claims after 40 ms each, with the outcomes of
+// results (one per call; empty after them).
+func pacedCoord(results ...driver.ClaimResult) *fakeCoord {
+	return &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+		time.Sleep(ms(40))
+		if n <= len(results) {
+			return results[n-1], nil
+		}
+		return driver.ClaimResult{}, nil
+	}}
+}
+
+func TestClaimPacesAfterAnOverlap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		full := func(overlapped bool) driver.ClaimResult {
+			return driver.ClaimResult{Work: work(driver.Inbox, 50), HasMore: true, Overlapped: overlapped}
+		}
+		coord := pacedCoord(full(true), full(true), full(false))
+		var r *claimRig
+		r = newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Jitter = func() float64 { return 0.5 } // factor 2
+			sink := c.Sink
+			c.Sink = func(ctx context.Context, batch []driver.Work) {
+				sink(ctx, batch)
+				r.w.RequestImmediatePoll() // a wake does not cut the pacing short
+			}
+		})
+		r.start()
+		time.Sleep(ms(700))
+		stop(t, r.w)
+		// Claims 1 and 2 overlapped: each next claim waits twice the 40 ms
+		// the claim took. Claim 3 ran alone: claim 4 follows at once; it
+		// finds nothing, and claim 5 comes after the base wait.
+		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, ms(120), ms(240), ms(280), ms(570)})
+	})
+}
+
+func TestClaimPacingIsCappedAtMaxPollInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			if n == 1 {
+				time.Sleep(2 * time.Second)
+				return driver.ClaimResult{Work: work(driver.Inbox, 50), HasMore: true, Overlapped: true}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50, MaxPollInterval: 3 * time.Second}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Jitter = func() float64 { return 0.99 } // factor 2.98: 5.96 s
+		})
+		r.start()
+		time.Sleep(6 * time.Second)
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims()[:2], []time.Duration{0, 5 * time.Second})
+	})
+}
+
+func TestClaimDisablePacingClaimsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		full := driver.ClaimResult{Work: work(driver.Inbox, 50), HasMore: true, Overlapped: true}
+		coord := pacedCoord(full, full)
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50, DisablePacing: true}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+		})
+		r.start()
+		time.Sleep(ms(200))
+		stop(t, r.w)
+		eqDurations(t, "claims", r.claims()[:3], []time.Duration{0, ms(40), ms(80)})
+	})
+}
+
+func TestClaimStopEndsAPacingWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			time.Sleep(2 * time.Second)
+			return driver.ClaimResult{Work: work(driver.Inbox, 50), HasMore: true, Overlapped: true}, nil
+		}}
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Jitter = func() float64 { return 0 } // wait 2 s after each claim
+		})
+		r.start()
+		time.Sleep(3 * time.Second) // claim 1 ended at 2 s; the loop waits until 4 s
+		before := time.Now()
+		stop(t, r.w)
+		if waited := time.Since(before); waited != 0 {
+			t.Fatalf("Stop took %v during a pacing wait, want at once", waited)
+		}
+		if n := len(r.claims()); n != 1 {
+			t.Fatalf("%d claims, want 1", n)
+		}
+	})
+}
