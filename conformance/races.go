@@ -100,26 +100,8 @@ func (e *env) claimWhilePeerJoins(x, y uuid.UUID, readLimit int, peer func(e *en
 	sIDs := e.enqueue(sRows...)
 	tIDs := e.enqueue(tRows...)
 
-	pause, err := e.store.Pauses.Arm(PauseClaimAfterCandidates, x)
-	if err != nil {
-		e.t.Fatalf("Arm: %v", err)
-	}
 	req := driver.ClaimRequest{InstanceID: x, Categories: []driver.Category{c}, Lease: defaultLease, MaxPerCategory: bigBatch, ReadLimit: readLimit}
-	type outcome struct {
-		res driver.ClaimResult
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := e.c.ClaimWork(e.ctx, req)
-		done <- outcome{res, err}
-	}()
-	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	defer cancel()
-	if err := pause.Reached(ctx); err != nil {
-		pause.Release()
-		e.t.Fatalf("x's claim never reached its pause point: %v", err)
-	}
+	release := e.holdClaim(req)
 
 	// The peer joins while x's claim is in flight and takes the head of s.
 	e.register(y)
@@ -128,21 +110,12 @@ func (e *env) claimWhilePeerJoins(x, y uuid.UUID, readLimit int, peer func(e *en
 	head := got.Work[0]
 	peer(e, y, head)
 
-	pause.Release()
-	var out outcome
-	select {
-	case out = <-done:
-	case <-ctx.Done():
-		e.t.Fatal("x's claim did not return after its pause was released")
-	}
-	if out.err != nil {
-		e.t.Fatalf("x's claim: %v", out.err)
-	}
-	if err := checkClaim(req, out.res, e.now()); err != nil {
+	held := release()
+	if err := checkClaim(req, held, e.now()); err != nil {
 		e.t.Fatal(err)
 	}
 	var tGot, sGot []uuid.UUID
-	for _, w := range out.res.Work {
+	for _, w := range held.Work {
 		switch w.StreamID {
 		case t:
 			tGot = append(tGot, w.ID)
@@ -170,6 +143,48 @@ func (e *env) claimWhilePeerJoins(x, y uuid.UUID, readLimit int, peer func(e *en
 	}
 }
 
+// holdClaim starts req's ClaimWork, holds it at PauseClaimAfterCandidates
+// and returns once it is there; release lets it go on and returns its
+// result, failing the test if it fails or does not return.
+func (e *env) holdClaim(req driver.ClaimRequest) (release func() driver.ClaimResult) {
+	e.t.Helper()
+	who := short(req.InstanceID)
+	pause, err := e.store.Pauses.Arm(PauseClaimAfterCandidates, req.InstanceID)
+	if err != nil {
+		e.t.Fatalf("Arm: %v", err)
+	}
+	type outcome struct {
+		res driver.ClaimResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := e.c.ClaimWork(e.ctx, req)
+		done <- outcome{res, err}
+	}()
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	if err := pause.Reached(ctx); err != nil {
+		cancel()
+		pause.Release()
+		e.t.Fatalf("%s's claim never reached its pause point: %v", who, err)
+	}
+	return func() driver.ClaimResult {
+		e.t.Helper()
+		defer cancel()
+		pause.Release()
+		var out outcome
+		select {
+		case out = <-done:
+		case <-ctx.Done():
+			e.t.Fatalf("%s's claim did not return after its pause was released", who)
+		}
+		if out.err != nil {
+			e.t.Fatalf("%s's claim: %v", who, out.err)
+		}
+		return out.res
+	}
+}
+
 // claimBesideAHeldClaim: ClaimResult.Overlapped is true for a claim that
 // began while another claim was held inside the store, and false for a
 // claim that ran alone, before, during the hold (the held one) and after.
@@ -193,46 +208,18 @@ func claimBesideAHeldClaim(e *env) {
 		e.t.Fatal("a claim that ran alone reports an overlap")
 	}
 
-	pause, err := e.store.Pauses.Arm(PauseClaimAfterCandidates, x)
-	if err != nil {
-		e.t.Fatalf("Arm: %v", err)
-	}
-	type outcome struct {
-		res driver.ClaimResult
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := e.c.ClaimWork(e.ctx, one(x))
-		done <- outcome{res, err}
-	}()
-	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	defer cancel()
-	if err := pause.Reached(ctx); err != nil {
-		pause.Release()
-		e.t.Fatalf("x's claim never reached its pause point: %v", err)
-	}
+	release := e.holdClaim(one(x))
 	beside := e.claimReq(one(y))
 	e.wantIDs("y's claim while x's is held", beside.Work, yIDs[1])
-	overlapped := beside.Overlapped
-	pause.Release()
-	var out outcome
-	select {
-	case out = <-done:
-	case <-ctx.Done():
-		e.t.Fatal("x's claim did not return after its pause was released")
-	}
-	if out.err != nil {
-		e.t.Fatalf("x's claim: %v", out.err)
-	}
-	if !overlapped {
+	held := release()
+	if !beside.Overlapped {
 		e.t.Fatal("a claim that began while another was held in the store reports no overlap")
 	}
-	e.wantIDs("x's held claim", out.res.Work, xIDs[0])
+	e.wantIDs("x's held claim", held.Work, xIDs[0])
 	if ws := e.get(c, xIDs[0]); ws.InstanceID != x {
 		e.t.Fatalf("after its held claim, %s is leased to %s, want x", xIDs[0], short(ws.InstanceID))
 	}
-	if out.res.Overlapped {
+	if held.Overlapped {
 		e.t.Fatal("the held claim, which began alone, reports an overlap")
 	}
 
