@@ -55,6 +55,10 @@ type ClaimEvent struct {
 	Duration time.Duration
 	// Err is the claim's error, nil when it succeeded.
 	Err error
+	// Paced is how long the claim loop waits before its next claim because
+	// this claim ran beside another instance's (0: it ran alone, or
+	// Claim.DisablePacing is set); see workers.ClaimOptions.DisablePacing.
+	Paced time.Duration
 }
 
 // HandlerContextFunc wraps one handler call (Options.HandlerContext). It

@@ -136,7 +136,7 @@ func overlapClaimSQL(async bool, c call, schema string, ph func(int) string) str
 func claimMarker(schema string) string {
 	h := fnv.New64a()
 	h.Write([]byte("workpump claim marker\x00" + schema))
-	return strconv.FormatInt(int64(h.Sum64()), 10) + "::bigint"
+	return strconv.FormatInt(int64(h.Sum64()>>1), 10) + "::bigint" // (non-negative: no sign to parse)
 }
 
 // gatedClaimSQL renders the claim call with r and $n placeholders,

@@ -93,6 +93,9 @@ type PollEvent struct {
 	// UntilSignal is set (no timer: only a signal or wake ends the wait).
 	Wait        time.Duration
 	UntilSignal bool
+	// Paced is the wait pacing puts before the next claim, whatever ends
+	// the wait above (0: none; see workers.ClaimOptions.DisablePacing).
+	Paced time.Duration
 }
 
 type claimStampKey struct{}
@@ -358,15 +361,17 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 // once, unless that claim overlapped another and pacing is on; then after
 // its duration times a factor from 1 to 3 (random, so that instances that
 // overlapped once drift apart), at most MaxPollInterval.
-func (w *ClaimWorker) pace(start time.Time, overlapped bool) {
+// It returns the wait.
+func (w *ClaimWorker) pace(start time.Time, overlapped bool) time.Duration {
 	if !overlapped || w.opts.DisablePacing {
 		w.notBefore = time.Time{}
-		return
+		return 0
 	}
 	now := time.Now()
 	took := now.Sub(start)
 	d := min(time.Duration(float64(took)*(1+2*w.jitter())), w.opts.MaxPollInterval)
 	w.notBefore = now.Add(d)
+	return d
 }
 
 // boundedRead is the ReadLimit of a claim of up to limit rows per category
@@ -674,10 +679,10 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			wait, untilSignal = w.waitAfter(emptyPolls, err != nil)
 			wait, untilSignal = w.afterShort(short, wait, untilSignal)
 		}
-		w.pace(start, err == nil && res.Overlapped)
+		paced := w.pace(start, err == nil && res.Overlapped)
 		if w.hooks.OnPoll != nil {
 			w.hooks.OnPoll(PollEvent{Start: start, Items: len(res.Work), HasMore: res.HasMore, Err: err,
-				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal})
+				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal, Paced: paced})
 		}
 		if len(res.Work) > 0 {
 			w.sink(context.WithValue(ctx, claimStampKey{}, stamp), res.Work)

@@ -915,9 +915,11 @@ func TestClaimPacesAfterAnOverlap(t *testing.T) {
 		}
 		coord := pacedCoord(full(true), full(true), full(false))
 		var r *claimRig
+		var paced []time.Duration
 		r = newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
 			c.Categories = []driver.Category{driver.Inbox}
 			c.Jitter = func() float64 { return 0.5 } // factor 2
+			c.Hooks.OnPoll = func(e PollEvent) { paced = append(paced, e.Paced) }
 			sink := c.Sink
 			c.Sink = func(ctx context.Context, batch []driver.Work) {
 				sink(ctx, batch)
@@ -931,6 +933,7 @@ func TestClaimPacesAfterAnOverlap(t *testing.T) {
 		// the claim took. Claim 3 ran alone: claim 4 follows at once; it
 		// finds nothing, and claim 5 comes after the base wait.
 		eqDurations(t, "claims", r.claims()[:5], []time.Duration{0, ms(120), ms(240), ms(280), ms(570)})
+		eqDurations(t, "pacing waits reported", paced[:4], []time.Duration{ms(80), ms(80), 0, 0})
 	})
 }
 
