@@ -106,8 +106,8 @@ func commitModes(syncAcks, asyncClaims bool) (ack, claim renderer) {
 	return ack, claim
 }
 
-// overlapClaimSQL renders the claim call c, committed as r commits it,
-// so that the statement first tries the store's claim marker (a
+// overlapClaimSQL renders the claim call c (committing asynchronously
+// when async; see asyncCommitSQL) so that the statement first tries the store's claim marker (a
 // transaction-scoped advisory lock, taken without waiting) and returns
 // after the function's columns whether another claim held it
 // (driver.ClaimResult.Overlapped). The function takes its instance id
