@@ -232,6 +232,9 @@ func TestPumpPG_LongHandlerRenewsAndCompletes(t *testing.T) {
 	if v := ctxErr.Load(); v != nil {
 		t.Fatalf("handler context ended early: %v", v)
 	}
+	// The pump counts the completion once the store's answer is back,
+	// which can be after the row is gone.
+	pgWait(t, 5*time.Second, "completion counted", func() bool { return p.Stats().Completed == 1 })
 	if st := p.Stats(); st.Renewal.Renewed < 2 || st.Completed != 1 {
 		t.Fatalf("renewed %d, completed %d; want >= 2 renewals and the completion", st.Renewal.Renewed, st.Completed)
 	}
