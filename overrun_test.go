@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -520,5 +521,75 @@ func TestPump_StopWithoutDeadlineWaitsStopTimeout(t *testing.T) {
 		}
 		close(release)
 		synctest.Wait()
+	})
+}
+
+// lateAnswerStore commits each claim in the store at once and answers one
+// second later; a caller whose context ends meanwhile gets its context's
+// error, not the rows: the answer a cancelled Postgres claim loses.
+type lateAnswerStore struct {
+	*memdriver.Store
+	claims atomic.Int32
+}
+
+func (s *lateAnswerStore) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	s.claims.Add(1)
+	res, err := s.Store.ClaimWork(context.WithoutCancel(ctx), req)
+	select {
+	case <-ctx.Done():
+		return driver.ClaimResult{}, ctx.Err()
+	case <-time.After(time.Second):
+	}
+	return res, err
+}
+
+// TestPump_StopDuringAClaimSpendsNoAttempt: Stop comes while a claim is in
+// flight. The claim is not cancelled (its rows would stay leased to the
+// instance until Deregister freed them with their attempt spent, and a
+// deploy every few minutes would walk rows to MaxAttempts without running
+// them): Stop waits for it, and its rows run or are released with their
+// attempts given back.
+func TestPump_StopDuringAClaimSpendsNoAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &lateAnswerStore{Store: memdriver.New(memdriver.Options{})}
+		ids := enqueue(t, s.Store,
+			driver.NewWork{Category: driver.Outbox, StreamID: "a"},
+			driver.NewWork{Category: driver.Outbox, StreamID: "a"},
+			driver.NewWork{Category: driver.Outbox, StreamID: "b"})
+		opts := quietOptions()
+		opts.Categories = []driver.Category{driver.Outbox}
+		p, err := workpump.New(s, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ran atomic.Int32
+		p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+			ran.Add(1)
+			return nil
+		})
+		p.Start(t.Context())
+		time.Sleep(500 * time.Millisecond) // the first claim is in flight
+		if n := s.claims.Load(); n != 1 {
+			t.Fatalf("%d claims began before Stop, want 1 (in flight)", n)
+		}
+		begin := time.Now()
+		stop(t, p)
+		if took := time.Since(begin); took < 500*time.Millisecond {
+			t.Errorf("Stop returned after %v, before the claim in flight answered", took)
+		}
+		for _, id := range ids {
+			ws, ok, err := s.GetWork(context.Background(), driver.Outbox, id)
+			switch {
+			case err != nil:
+				t.Fatal(err)
+			case !ok || !ws.ProcessedAt.IsZero():
+				// ran and completed
+			default:
+				assertReleased(t, s.Store, id, "row of the claim in flight at Stop")
+			}
+		}
+		if got := ran.Load(); got > int32(len(ids)) {
+			t.Errorf("%d handler runs, want at most %d", got, len(ids))
+		}
 	})
 }

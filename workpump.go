@@ -346,7 +346,9 @@ func (p *Pump) requestPoll() {
 func (p *Pump) RequestImmediatePoll() { p.requestPoll() }
 
 // Stop stops claiming and lets in-flight handlers finish until ctx is done.
-// Then it cancels the handlers' contexts and waits one second more; handlers
+// A claim in flight is not cancelled but finishes within that time, and
+// its items are treated as the others: a cancelled claim may still commit,
+// and its rows would go back only with their attempt spent. Then it cancels the handlers' contexts and waits one second more; handlers
 // still running after that are abandoned (each named in a WARN log, counted
 // in Stats.Abandoned) and left to return on their own, their late outcome
 // dropped. It flushes completions and failures, releases the rows of items
@@ -357,7 +359,7 @@ func (p *Pump) RequestImmediatePoll() { p.requestPoll() }
 // second, plus the store round trips of the final acks and the deregister
 // (bounded by 10 s together when the store is slow or unreachable); an
 // already expired ctx still deregisters. A ctx without a deadline waits for
-// handlers at most Options.StopTimeout. It is idempotent.
+// the claim and the handlers at most Options.StopTimeout. It is idempotent.
 func (p *Pump) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -382,17 +384,21 @@ func (p *Pump) teardown(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	// Handlers, and a claim in flight, get until ctx ends, or StopTimeout
+	// when ctx has no deadline.
+	wait := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, p.opts.StopTimeout)
+		defer cancel()
+	}
 	if p.claim != nil {
-		keep(p.claim.Stop(ctx))
+		// A claim in flight finishes (see loops.ClaimWorker.Stop): its
+		// rows reach the dispatcher, which runs or gives them back.
+		keep(p.claim.Stop(wait))
 	}
 	var giveBack []driver.Ref
 	if p.disp != nil {
-		wait := ctx
-		if _, ok := ctx.Deadline(); !ok {
-			var cancel context.CancelFunc
-			wait, cancel = context.WithTimeout(ctx, p.opts.StopTimeout)
-			defer cancel()
-		}
 		giveBack = p.disp.shutdown(wait)
 	}
 	// The final flushes, releases and the deregister get time of their

@@ -41,6 +41,7 @@ type benchConfig struct {
 	otelSampling                       float64
 	processes                          int           // bench_procs.go: 0 runs the pumps in this process
 	churn                              time.Duration // bench_procs.go: 0 keeps the --processes children for the whole drain
+	stallAfter                         time.Duration // bench_procs.go: a drain that completes nothing this long fails
 }
 
 // benchResult is the --json line.
@@ -112,6 +113,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Float64Var(&c.otelSampling, "otel-sampling", 1, "--otel: the share of items whose handler span is recorded (a parent-based trace-id ratio sampler; 1 records every span)")
 	fs.IntVar(&c.processes, "processes", 0, "burndown on Postgres: run the --instances pumps in this many child processes of this binary, spread evenly, and report per instance, per process (CPU time included) and in all; 0 runs them in this process")
 	fs.DurationVar(&c.churn, "churn", 0, "--processes: every this often during the drain, a rolling-deploy step: start a new child with the oldest running child's instances, release it, then stop the oldest gracefully (unset: no churn; a value must be > 0)")
+	fs.DurationVar(&c.stallAfter, "stall-after", time.Minute, "--processes: fail the drain when no item completes for this long, and say what the store holds")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)
 	fs.StringVar(&c.schema, "schema", "", "Postgres schema (default: a new workpump_bench_<random> schema, dropped at the end)")
@@ -119,10 +121,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	c.databaseURL = *db
-	samplingSet, churnSet := false, false
+	samplingSet, churnSet, stallSet := false, false, false
 	fs.Visit(func(f *flag.Flag) {
 		samplingSet = samplingSet || f.Name == "otel-sampling"
 		churnSet = churnSet || f.Name == "churn"
+		stallSet = stallSet || f.Name == "stall-after"
 	})
 	switch {
 	case c.mode != "burndown" && c.mode != "continuous" && c.mode != "idle" && c.mode != "appwrite":
@@ -177,6 +180,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--churn: only --mode burndown with --processes has it")
 	case c.processes < 0:
 		return usagef("--processes must be >= 0")
+	case c.stallAfter <= 0:
+		return usagef("--stall-after must be > 0")
+	case stallSet && c.processes == 0:
+		return usagef("--stall-after: only --processes has it")
 	case c.processes > 0 && c.databaseURL == "":
 		return usagef("--processes: an in-memory store cannot be shared across processes; give --database-url")
 	case c.processes > 0 && c.mode != "burndown":

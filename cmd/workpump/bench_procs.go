@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/workpump/workpump"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/pgxdriver"
@@ -298,12 +300,21 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	newChild, oldChild := -1, -1
 	var stepSince time.Time
 	replacements := 0
+	// A drain that completes nothing for c.stallAfter has stopped: items
+	// dead-lettered or stuck would otherwise keep it waiting forever.
+	lastTotal, lastChange := int64(0), time.Now()
 	for total() < int64(c.n) {
 		select {
 		case <-ctx.Done():
 			return benchResult{}, fmt.Errorf("interrupted with %d of %d done", total(), c.n)
 		case <-tick.C:
 			fmt.Fprintf(out, "%6.1fs  %d/%d done\n", time.Since(start0).Seconds(), total(), c.n)
+			if t := total(); t != lastTotal {
+				lastTotal, lastChange = t, time.Now()
+			} else if time.Since(lastChange) > c.stallAfter {
+				return benchResult{}, fmt.Errorf("the drain stalled: no item completed for %s, %d of %d done; the store holds %s",
+					c.stallAfter, t, c.n, outboxSummary(ctx, be))
+			}
 			if newChild >= 0 && time.Since(stepSince) > 60*time.Second {
 				return benchResult{}, fmt.Errorf("--churn: the new child process %d was not ready within 60 s", newChild+1)
 			}
@@ -463,6 +474,20 @@ func readChild(i int, r io.Reader, events chan<- procEvent, quit <-chan struct{}
 		return
 	}
 	send(procEvent{child: i})
+}
+
+// outboxSummary describes the bench schema's outbox rows not yet done and
+// its dead letters, for the error of a stalled drain.
+func outboxSummary(ctx context.Context, be *pgBenchBackend) string {
+	outbox := pgx.Identifier{be.schema, "wp_outbox"}.Sanitize()
+	dead := pgx.Identifier{be.schema, "wp_dead_letters"}.Sanitize()
+	var pending, leased, maxAttempts, deadLetters int64
+	err := be.pool.QueryRow(ctx, `SELECT count(*), count(instance_id), coalesce(max(attempts), 0), (SELECT count(*) FROM `+dead+`)
+		FROM `+outbox+` WHERE processed_at IS NULL`).Scan(&pending, &leased, &maxAttempts, &deadLetters)
+	if err != nil {
+		return fmt.Sprintf("(unreadable: %v)", err)
+	}
+	return fmt.Sprintf("%d outbox items pending (%d leased, most attempts %d) and %d dead letters", pending, leased, maxAttempts, deadLetters)
 }
 
 // dbCommits reads the database's committed transactions after closing the

@@ -298,6 +298,8 @@ func TestBenchChurn_UsageErrors(t *testing.T) {
 		{[]string{"bench", "--churn", "1s", "--processes", "2", "--instances", "2", "--mode", "continuous", "--database-url", "postgres://x"}, "--churn: only --mode burndown with --processes has it"},
 		{[]string{"bench", "--churn", "0s", "--processes", "2", "--instances", "2", "--database-url", "postgres://x"}, "--churn must be > 0"},
 		{[]string{"bench", "--churn", "-1s", "--processes", "2", "--instances", "2", "--database-url", "postgres://x"}, "--churn must be > 0"},
+		{[]string{"bench", "--stall-after", "0s", "--processes", "2", "--instances", "2", "--database-url", "postgres://x"}, "--stall-after must be > 0"},
+		{[]string{"bench", "--stall-after", "1m", "--database-url", "postgres://x"}, "--stall-after: only --processes has it"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
@@ -378,5 +380,25 @@ func TestBenchChurn_Postgres(t *testing.T) {
 	}
 	if left != 0 {
 		t.Fatalf("%d items left in the schema after the bench: %+v", left, st)
+	}
+}
+
+// TestBenchProcesses_StallFails: a drain that completes nothing for
+// --stall-after ends with an error saying what the store holds, instead
+// of waiting forever. The outbox is paused, so no child claims anything.
+func TestBenchProcesses_StallFails(t *testing.T) {
+	url := pgtest.URL(t)
+	schema := pgtest.SchemaName(t)
+	env := []string{"WORKPUMP_DATABASE_URL=" + url}
+	if r := runCLI(t, env, "migrate", "up", "--schema", schema); r.code != 0 {
+		t.Fatalf("migrate up: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(t, env, "pause", "outbox", "--schema", schema); r.code != 0 {
+		t.Fatalf("pause outbox: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r := runCLI(t, env, "bench", "--processes", "2", "--instances", "2", "-n", "300", "--streams", "10", "--stall-after", "2s", "--schema", schema)
+	want := "the drain stalled: no item completed for 2s, 0 of 300 done; the store holds 300 outbox items pending (0 leased, most attempts 0) and 0 dead letters"
+	if r.code != 1 || !strings.Contains(r.stderr, want) {
+		t.Fatalf("exit %d, stderr %q; want exit 1 and %q", r.code, r.stderr, want)
 	}
 }

@@ -183,6 +183,16 @@ type ClaimWorker struct {
 	// loop), jitter the random part of a pacing wait.
 	notBefore time.Time
 	jitter    func() float64
+
+	// abort ends a claim in flight. Stop does not: a claim the store
+	// committed but whose answer a cancel cut off would leave its rows
+	// leased to an instance that does not know them, and deregistering
+	// frees such rows with the attempt spent, so a deploy that stops a
+	// pump mid-claim would count an attempt against rows that never ran.
+	// Stop waits for the claim and its rows reach the sink; only a Stop
+	// whose own context ends first aborts it.
+	abort       context.Context
+	abortClaims context.CancelFunc
 }
 
 // NewClaimWorker applies defaults, validates cfg and returns a stopped
@@ -223,6 +233,7 @@ func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
 		wake:      make(chan struct{}, 1),
 		jitter:    cfg.Jitter,
 	}
+	w.abort, w.abortClaims = context.WithCancel(context.Background())
 	if w.jitter == nil {
 		w.jitter = rand.Float64
 	}
@@ -253,9 +264,17 @@ func (w *ClaimWorker) Start(ctx context.Context) error {
 	return err
 }
 
-// Stop ends the loop (an in-flight claim or sink call sees its context
-// cancelled) and waits for it, or for ctx. Idempotent.
-func (w *ClaimWorker) Stop(ctx context.Context) error { return w.life.stop(ctx) }
+// Stop ends the loop and waits for it, or for ctx. A wait or a sink call
+// sees its context cancelled; a claim in flight is not cancelled but
+// finishes, and its rows reach the sink, unless ctx ends first (see
+// abort). Idempotent.
+func (w *ClaimWorker) Stop(ctx context.Context) error {
+	err := w.life.stop(ctx)
+	if err != nil {
+		w.abortClaims()
+	}
+	return err
+}
 
 // Alive reports whether the loop runs: started, not stopped, not returned.
 func (w *ClaimWorker) Alive() bool { return w.life.alive() }
@@ -575,6 +594,11 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 	} else if !w.awaitSchema(ctx) {
 		return
 	}
+	// The context of ClaimWork calls: the loop's values, cancelled only
+	// by abort, not by Stop.
+	claimCtx, cancelClaims := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelClaims()
+	defer context.AfterFunc(w.abort, cancelClaims)()
 	registered := false
 	emptyPolls := 0
 	caughtUp := false
@@ -628,6 +652,9 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 				return
 			}
 		}
+		if ctx.Err() != nil {
+			return // stopped: no new claim begins
+		}
 		start := time.Now()
 		stamp := claimStamp{at: start, n: w.started.Add(1)}
 		req := driver.ClaimRequest{
@@ -639,7 +666,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		if bounded {
 			req.ReadLimit = boundedRead(limit)
 		}
-		res, err := w.coord.ClaimWork(ctx, req)
+		res, err := w.coord.ClaimWork(claimCtx, req)
 		if err != nil && ctx.Err() != nil {
 			return
 		}

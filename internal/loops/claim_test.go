@@ -993,3 +993,90 @@ func TestClaimStopEndsAPacingWait(t *testing.T) {
 		}
 	})
 }
+
+// ctxClaimCoord is a fakeCoord whose claims see their context.
+type ctxClaimCoord struct {
+	*fakeCoord
+	claimCtx func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error)
+}
+
+func (c ctxClaimCoord) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	c.record("claim", req)
+	return c.claimCtx(ctx, req)
+}
+
+// A claim in flight when Stop comes is not cancelled: the store may commit
+// it whatever the caller does, and rows whose answer a cancel cut off stay
+// leased to an instance that never hands them back, so deregistering frees
+// them with their attempt spent. Stop waits for the claim, its rows reach
+// the sink, and no claim begins after it.
+func TestClaimStopLetsAClaimInFlightFinish(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cancelled atomic.Bool
+		coord := ctxClaimCoord{fakeCoord: &fakeCoord{}, claimCtx: func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			select {
+			case <-ctx.Done():
+				cancelled.Store(true)
+				return driver.ClaimResult{}, ctx.Err()
+			case <-time.After(time.Second):
+			}
+			return driver.ClaimResult{Work: work(driver.Inbox, 3), HasMore: true}, nil
+		}}
+		r := newClaimRig(t, coord.fakeCoord, workers.ClaimOptions{}, nil, func(c *ClaimConfig) {
+			c.Coordinator = coord
+			c.Categories = []driver.Category{driver.Inbox}
+		})
+		r.start()
+		time.Sleep(300 * time.Millisecond) // the first claim is in flight
+		before := time.Now()
+		stop(t, r.w)
+		if waited := time.Since(before); waited != 700*time.Millisecond {
+			t.Fatalf("Stop returned after %v, want 700ms (when the claim in flight ended)", waited)
+		}
+		if cancelled.Load() {
+			t.Fatal("Stop cancelled the claim in flight")
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if len(r.batches) != 1 || len(r.batches[0]) != 3 {
+			t.Fatalf("sink got %v, want the claim's 3 rows", r.batches)
+		}
+		if n := len(r.claims()); n != 1 {
+			t.Fatalf("%d claims, want 1 (none after Stop, though the claim had more)", n)
+		}
+	})
+}
+
+// A Stop whose context ends before the claim in flight does cancels it
+// then, and reports the timeout.
+func TestClaimStopAbortsAClaimWhenItsContextEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cancelledAt atomic.Int64
+		coord := ctxClaimCoord{fakeCoord: &fakeCoord{}, claimCtx: func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			<-ctx.Done() // a claim that never ends by itself
+			cancelledAt.Store(int64(time.Since(time.Time{})))
+			return driver.ClaimResult{}, ctx.Err()
+		}}
+		r := newClaimRig(t, coord.fakeCoord, workers.ClaimOptions{}, nil, func(c *ClaimConfig) {
+			c.Coordinator = coord
+			c.Categories = []driver.Category{driver.Inbox}
+		})
+		r.start()
+		time.Sleep(300 * time.Millisecond)
+		before := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		err := r.w.Stop(ctx)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Stop = %v, want its context's deadline", err)
+		}
+		if waited := time.Since(before); waited != 2*time.Second {
+			t.Fatalf("Stop returned after %v, want 2s (its deadline)", waited)
+		}
+		synctest.Wait()
+		if at := time.Duration(cancelledAt.Load()); at != time.Since(time.Time{}) {
+			t.Fatalf("the claim was cancelled at %v, want at Stop's deadline %v", at, time.Since(time.Time{}))
+		}
+		stop(t, r.w) // the loop has returned
+	})
+}
