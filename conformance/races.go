@@ -370,13 +370,18 @@ func (e *env) randomPeersWhileClaimsAreHeld(rng *rand.Rand, rounds int) {
 			err error
 		}
 		done := make(chan outcome, 1)
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		// A claim that returns before its pause point (nothing claimable
+		// for x) ends the wait for the pause at once.
+		reach, returned := context.WithCancel(ctx)
 		go func() {
 			res, err := e.c.ClaimWork(e.ctx, req)
 			done <- outcome{res, err}
+			returned()
 		}()
-		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-		if err := pause.Reached(ctx); err != nil {
+		if err := pause.Reached(reach); err != nil {
 			pause.Release()
+			returned()
 			cancel()
 			select {
 			case out := <-done:
@@ -434,6 +439,7 @@ func (e *env) randomPeersWhileClaimsAreHeld(rng *rand.Rand, rounds int) {
 			cancel()
 			e.t.Fatalf("round %d: x's claim did not return after its pause was released", round)
 		}
+		returned()
 		cancel()
 		if out.err != nil {
 			e.t.Fatalf("round %d: x's claim: %v", round, out.err)
