@@ -47,6 +47,11 @@ type procsResult struct {
 	Missing             int       `json:"missing"`
 	ChurnSeconds        float64   `json:"churn_seconds,omitempty"` // --churn: the period of the rolling-deploy steps
 	Replacements        int       `json:"replacements"`            // --churn: children replaced during the drain
+	// LaterAttempts counts handler runs of an attempt after the first: a
+	// row handed out again after its lease or claim was lost without a
+	// release. Graceful stops give every unrun attempt back, so a churned
+	// drain has none.
+	LaterAttempts int64 `json:"later_attempts"`
 }
 
 // orderCheckMethod names how the multi-process burn-down verifies order.
@@ -59,6 +64,8 @@ type procMsg struct {
 	CPUUser   float64 `json:"cpu_user_s,omitempty"`
 	CPUSys    float64 `json:"cpu_sys_s,omitempty"`
 	Claims    uint64  `json:"claims,omitempty"`
+	// LaterAttempts: handler runs of an attempt after the first.
+	LaterAttempts int64 `json:"later_attempts,omitempty"`
 	// Runs are [stream, first position, last position, first's handler
 	// start ns, last's handler return ns]: maximal stretches of one
 	// stream's consecutive positions this process handled in order.
@@ -409,6 +416,7 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		pcpu := f.CPUUser + f.CPUSys
 		cpu += pcpu
 		claims += f.Claims
+		pr.LaterAttempts += f.LaterAttempts
 		runs = append(runs, f.Runs...)
 		pr.InstancesPerProcess = append(pr.InstancesPerProcess, ch.instances)
 		pr.PerProcess = append(pr.PerProcess, sum)
@@ -435,6 +443,7 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	pr.OrderViolations, pr.Duplicates, pr.Missing = oc.violations, oc.duplicates, oc.missing
 	fmt.Fprintln(out, "order check: per stream, every item's handler started after the handler of the item before it returned (handler timestamps from the one system clock, merged across processes), and every item was handled once")
 	fmt.Fprintf(out, "order violations: %d (duplicates %d, missing %d)\n", oc.violations, oc.duplicates, oc.missing)
+	fmt.Fprintf(out, "handler runs of a later attempt: %d (a row handed out again after an attempt was lost without a release)\n", pr.LaterAttempts)
 	res := benchResult{Items: c.n, Seconds: took.Seconds(), ItemsPerSec: float64(c.n) / took.Seconds(), EnqueueItemsPerSec: float64(c.n) / enq.Seconds(),
 		Claims: int64(claims), procsResult: pr}
 	if oc.violations != 0 || oc.missing != 0 {
@@ -622,6 +631,7 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	completed := make([]atomic.Int64, c.instances)
+	var laterAttempts atomic.Int64
 	records := make([][]handled, c.instances)
 	locks := make([]sync.Mutex, c.instances)
 	pumps := make([]*workpump.Pump, c.instances)
@@ -634,6 +644,9 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		h := func(_ context.Context, w workpump.Work) error {
 			begin := time.Now().UnixNano()
+			if w.Attempts > 1 {
+				laterAttempts.Add(1)
+			}
 			if len(w.Payload) < 8 {
 				return workpump.Permanent(errors.New("bench item without its stream position"))
 			}
@@ -723,7 +736,7 @@ wait:
 	for i := range records {
 		all = append(all, records[i]...)
 	}
-	return enc.Encode(procMsg{Type: "final", Completed: counts(), Claims: claims,
+	return enc.Encode(procMsg{Type: "final", Completed: counts(), Claims: claims, LaterAttempts: laterAttempts.Load(),
 		CPUUser: cpu1.user - cpu0.user, CPUSys: cpu1.sys - cpu0.sys, Runs: runsOf(all)})
 }
 

@@ -321,15 +321,14 @@ func TestBenchChurn_UsageErrors(t *testing.T) {
 // replaces children during the drain (a new child runs before the oldest
 // stops), every item is completed once over all the children that ran,
 // and the order check, fed every child's final report, finds handlers in
-// stream order. 40 000 items, so that the drain outlasts several steps.
-// A step is longer than a child takes to start and claim: steps faster
-// than that replace every child before it takes anything, and the drain
-// never ends.
+// stream order. 40 000 items, so that the drain outlasts several steps;
+// steps so short that children are often told to stop with a claim in
+// flight, which must then spend no attempt.
 func TestBenchChurn_Postgres(t *testing.T) {
 	url := pgtest.URL(t)
 	schema := pgtest.Schema(t)
 	const n = 40000
-	r := runCLI(t, nil, "bench", "--processes", "2", "--instances", "2", "-n", "40000", "--streams", "100", "--churn", "300ms", "--database-url", url, "--schema", schema, "--json")
+	r := runCLI(t, nil, "bench", "--processes", "2", "--instances", "2", "-n", "40000", "--streams", "100", "--churn", "200ms", "--database-url", url, "--schema", schema, "--json")
 	if r.code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
@@ -342,8 +341,8 @@ func TestBenchChurn_Postgres(t *testing.T) {
 		t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
 	}
 	p := res.procsResult
-	if p.Replacements < 1 || p.ChurnSeconds != 0.3 {
-		t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.3 s\n%s", p.Replacements, p.ChurnSeconds, r.stdout)
+	if p.Replacements < 1 || p.ChurnSeconds != 0.2 {
+		t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.2 s\n%s", p.Replacements, p.ChurnSeconds, r.stdout)
 	}
 	// Every child that ran reports: the 2 first and one per replacement.
 	ran := 2 + p.Replacements
@@ -361,7 +360,12 @@ func TestBenchChurn_Postgres(t *testing.T) {
 	if p.OrderViolations != 0 || p.Duplicates != 0 || p.Missing != 0 {
 		t.Fatalf("order check: %d violations, %d duplicates, %d missing; want 0", p.OrderViolations, p.Duplicates, p.Missing)
 	}
-	for _, want := range []string{"replacement 1: process 1 (pid ", "replaced by process 3 (pid ", fmt.Sprintf("churn: %d replacements", p.Replacements), "order violations: 0 (duplicates 0, missing 0)"} {
+	// Every stop was graceful: no attempt was spent without a run, even of
+	// a claim in flight when its child was told to stop.
+	if p.LaterAttempts != 0 {
+		t.Fatalf("%d handler runs of a later attempt; want 0 (graceful stops give unrun attempts back)", p.LaterAttempts)
+	}
+	for _, want := range []string{"replacement 1: process 1 (pid ", "replaced by process 3 (pid ", fmt.Sprintf("churn: %d replacements", p.Replacements), "order violations: 0 (duplicates 0, missing 0)", "handler runs of a later attempt: 0"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("stdout lacks %q:\n%s", want, r.stdout)
 		}
