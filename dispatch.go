@@ -169,10 +169,10 @@ func (d *dispatcher) overLimit(w driver.Work) string {
 func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	d.subMu.RLock()
 	defer d.subMu.RUnlock()
-	if d.closed {
-		// Stop closed the dispatcher while this claim was under way; its
-		// rows are given back with the rest if Stop has not released them
-		// yet, else Deregister frees them.
+	if d.closed || d.stopping.Load() {
+		// Stop began while this claim was under way: its rows never
+		// start, and are given back with the rest if Stop has not
+		// released them yet, else Deregister frees them.
 		d.mu.Lock()
 		for _, w := range batch {
 			d.giveBack = append(d.giveBack, w.Ref())
@@ -486,6 +486,10 @@ func (d *dispatcher) runOne(w driver.Work, h *loops.LeaseHandle, claim uint64) e
 // stopWait is how long Stop waits for handlers after cancelling their
 // contexts before it abandons them.
 const stopWait = time.Second
+
+// stopStarting is Stop's first step: from now on no item starts, and the
+// rows of a claim still under way are kept to be given back.
+func (d *dispatcher) stopStarting() { d.stopping.Store(true) }
 
 // shutdown stops the dispatcher for Stop: no new item starts; running
 // handlers may finish until ctx ends, then their contexts are cancelled and

@@ -524,21 +524,23 @@ func TestPump_StopWithoutDeadlineWaitsStopTimeout(t *testing.T) {
 	})
 }
 
-// lateAnswerStore commits each claim in the store at once and answers one
-// second later; a caller whose context ends meanwhile gets its context's
-// error, not the rows: the answer a cancelled Postgres claim loses.
+// lateAnswerStore commits each claim in the store at once and answers
+// after delay(n) for the n-th claim (1-based); a caller whose context ends
+// meanwhile gets its context's error, not the rows: the answer a
+// cancelled Postgres claim loses.
 type lateAnswerStore struct {
 	*memdriver.Store
+	delay  func(n int) time.Duration
 	claims atomic.Int32
 }
 
 func (s *lateAnswerStore) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
-	s.claims.Add(1)
+	n := s.claims.Add(1)
 	res, err := s.Store.ClaimWork(context.WithoutCancel(ctx), req)
 	select {
 	case <-ctx.Done():
 		return driver.ClaimResult{}, ctx.Err()
-	case <-time.After(time.Second):
+	case <-time.After(s.delay(int(n))):
 	}
 	return res, err
 }
@@ -547,11 +549,11 @@ func (s *lateAnswerStore) ClaimWork(ctx context.Context, req driver.ClaimRequest
 // flight. The claim is not cancelled (its rows would stay leased to the
 // instance until Deregister freed them with their attempt spent, and a
 // deploy every few minutes would walk rows to MaxAttempts without running
-// them): Stop waits for it, and its rows run or are released with their
+// them): Stop waits for it and releases its rows unstarted, their
 // attempts given back.
 func TestPump_StopDuringAClaimSpendsNoAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &lateAnswerStore{Store: memdriver.New(memdriver.Options{})}
+		s := &lateAnswerStore{Store: memdriver.New(memdriver.Options{}), delay: func(int) time.Duration { return time.Second }}
 		ids := enqueue(t, s.Store,
 			driver.NewWork{Category: driver.Outbox, StreamID: "a"},
 			driver.NewWork{Category: driver.Outbox, StreamID: "a"},
@@ -574,22 +576,69 @@ func TestPump_StopDuringAClaimSpendsNoAttempt(t *testing.T) {
 		}
 		begin := time.Now()
 		stop(t, p)
-		if took := time.Since(begin); took < 500*time.Millisecond {
-			t.Errorf("Stop returned after %v, before the claim in flight answered", took)
+		if took := time.Since(begin); took != 500*time.Millisecond {
+			t.Errorf("Stop returned after %v, want 500ms (when the claim in flight answered)", took)
+		}
+		if n := ran.Load(); n != 0 {
+			t.Errorf("%d handlers ran after Stop began, want 0", n)
 		}
 		for _, id := range ids {
-			ws, ok, err := s.GetWork(context.Background(), driver.Outbox, id)
-			switch {
-			case err != nil:
-				t.Fatal(err)
-			case !ok || !ws.ProcessedAt.IsZero():
-				// ran and completed
-			default:
-				assertReleased(t, s.Store, id, "row of the claim in flight at Stop")
-			}
+			assertReleased(t, s.Store, id, "row of the claim in flight at Stop")
 		}
-		if got := ran.Load(); got > int32(len(ids)) {
-			t.Errorf("%d handler runs, want at most %d", got, len(ids))
+	})
+}
+
+// TestPump_StopStartsNothingWhileAClaimIsInFlight: while Stop waits for a
+// claim in flight, items claimed earlier and still queued do not start
+// (the deadline could cut them off mid-run); the running handler finishes
+// and the queued rows are released unstarted.
+func TestPump_StopStartsNothingWhileAClaimIsInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &lateAnswerStore{Store: memdriver.New(memdriver.Options{}), delay: func(n int) time.Duration {
+			if n == 1 {
+				return 0
+			}
+			return time.Second
+		}}
+		ids := enqueue(t, s.Store,
+			driver.NewWork{Category: driver.Outbox, StreamID: "a"},
+			driver.NewWork{Category: driver.Outbox, StreamID: "b"},
+			driver.NewWork{Category: driver.Outbox, StreamID: "c"})
+		opts := quietOptions()
+		opts.Categories = []driver.Category{driver.Outbox}
+		opts.Concurrency = 1
+		p, err := workpump.New(s, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var ran []uuid.UUID
+		p.Handle(driver.Outbox, "", func(ctx context.Context, w workpump.Work) error {
+			mu.Lock()
+			ran = append(ran, w.ID)
+			mu.Unlock()
+			time.Sleep(400 * time.Millisecond)
+			return nil
+		})
+		p.Start(t.Context())
+		time.Sleep(100 * time.Millisecond) // one handler runs, two items wait, the second claim is in flight
+		if n := s.claims.Load(); n != 2 {
+			t.Fatalf("%d claims began before Stop, want 2 (the second in flight)", n)
+		}
+		stop(t, p)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ran) != 1 {
+			t.Fatalf("%d handlers ran, want 1 (none started while Stop waited for the claim)", len(ran))
+		}
+		for _, id := range ids {
+			if id == ran[0] {
+				if ws, ok, _ := s.GetWork(context.Background(), driver.Outbox, id); ok && ws.ProcessedAt.IsZero() {
+					t.Errorf("the handler that ran before Stop: row not completed (%+v)", ws)
+				}
+				continue
+			}
+			assertReleased(t, s.Store, id, "item queued when Stop began")
 		}
 	})
 }

@@ -345,21 +345,23 @@ func (p *Pump) requestPoll() {
 // application enqueued work through a path that sends no signal.
 func (p *Pump) RequestImmediatePoll() { p.requestPoll() }
 
-// Stop stops claiming and lets in-flight handlers finish until ctx is done.
-// A claim in flight is not cancelled but finishes within that time, and
-// its items are treated as the others: a cancelled claim may still commit,
-// and its rows would go back only with their attempt spent. Then it cancels the handlers' contexts and waits one second more; handlers
-// still running after that are abandoned (each named in a WARN log, counted
-// in Stats.Abandoned) and left to return on their own, their late outcome
-// dropped. It flushes completions and failures, releases the rows of items
-// never started, of handlers that returned an error only because Stop
-// cancelled them and of abandoned handlers (their attempt given back, no
-// retry delay), deregisters the instance (so peers take over at once) and
-// stops the workers. Stop thus returns by ctx's deadline plus about a
-// second, plus the store round trips of the final acks and the deregister
-// (bounded by 10 s together when the store is slow or unreachable); an
-// already expired ctx still deregisters. A ctx without a deadline waits for
-// the claim and the handlers at most Options.StopTimeout. It is idempotent.
+// Stop stops claiming and starting items, and lets in-flight handlers
+// finish until ctx is done. A claim in flight is not cancelled but waited
+// for within that time, and its rows are given back unstarted: a
+// cancelled claim may still commit, and its rows would then go back only
+// with their attempt spent. Then Stop cancels the handlers' contexts and
+// waits one second more; handlers still running after that are abandoned
+// (each named in a WARN log, counted in Stats.Abandoned) and left to
+// return on their own, their late outcome dropped. It flushes completions
+// and failures, releases the rows of items never started, of handlers that
+// returned an error only because Stop cancelled them and of abandoned
+// handlers (their attempt given back, no retry delay), deregisters the
+// instance (so peers take over at once) and stops the workers. Stop thus
+// returns by ctx's deadline plus about a second, plus the store round
+// trips of the final acks and the deregister (bounded by 10 s together
+// when the store is slow or unreachable); an already expired ctx still
+// deregisters. A ctx without a deadline waits for the claim and the
+// handlers at most Options.StopTimeout. It is idempotent.
 func (p *Pump) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -392,9 +394,14 @@ func (p *Pump) teardown(ctx context.Context) error {
 		wait, cancel = context.WithTimeout(ctx, p.opts.StopTimeout)
 		defer cancel()
 	}
+	if p.disp != nil {
+		// Nothing starts from now on: waiting for the claim below must not
+		// start items that the deadline then cuts off.
+		p.disp.stopStarting()
+	}
 	if p.claim != nil {
 		// A claim in flight finishes (see loops.ClaimWorker.Stop): its
-		// rows reach the dispatcher, which runs or gives them back.
+		// rows reach the dispatcher, which gives them back.
 		keep(p.claim.Stop(wait))
 	}
 	var giveBack []driver.Ref
