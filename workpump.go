@@ -347,9 +347,9 @@ func (p *Pump) RequestImmediatePoll() { p.requestPoll() }
 
 // Stop stops claiming and starting items, and lets in-flight handlers
 // finish until ctx is done. A claim in flight is not cancelled but waited
-// for within that time, and its rows are given back unstarted (a cancelled
-// claim may still commit while its answer is lost; the deregistration then
-// gives those rows back). Then Stop cancels the handlers' contexts and
+// for within that time, and its rows are given back unstarted: a
+// cancelled claim may still commit, and its rows would then go back only
+// with their attempt spent. Then Stop cancels the handlers' contexts and
 // waits one second more; handlers still running after that are abandoned
 // (each named in a WARN log, counted in Stats.Abandoned) and left to
 // return on their own, their late outcome dropped. It flushes completions

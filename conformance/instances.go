@@ -516,7 +516,6 @@ func deregisterCases() []testCase {
 	return []testCase{
 		{name: "Deregister/ReleasesEverythingAndDeletesRow", run: deregisterReleases},
 		{name: "Deregister/PeerClaimsAtOnce", run: deregisterPeerClaims},
-		{name: "Deregister/LeaseThatRanOutKeepsItsAttempt", run: deregisterAfterExpiry},
 		{name: "Deregister/ThenClaimIsUnknownInstance", run: deregisterThenClaim},
 		{name: "Deregister/UnknownInstanceIsNoError", run: deregisterUnknown},
 		rejectCase("Deregister/RejectsNilID", driver.ErrInvalidArgument, "instance", func(e *env, f *fixture) error {
@@ -525,36 +524,16 @@ func deregisterCases() []testCase {
 	}
 }
 
-// deregisterReleases: a deregistration frees what its instance held and
-// gives the attempts back (a graceful leaver never ran a row it still
-// holds: the rest it completed, failed or released), unlike an eviction.
 func deregisterReleases(e *env) {
 	a, b, held, streams := peerWithWork(e)
 	e.deregister(b)
 	e.wantInstances("Deregister(B)", a)
 	for _, w := range held {
-		e.mustBeUnleased(w.Category, w.ID, 0, "Deregister")
+		e.mustBeUnleased(w.Category, w.ID, 1, "Deregister")
 	}
 	for _, s := range streams {
 		e.mustBeUnowned(s, "Deregister")
 	}
-}
-
-// deregisterAfterExpiry: a lease that ran out before its holder left keeps
-// its attempt (its handler may have overrun it), while a running lease of
-// the same holder gets its attempt back.
-func deregisterAfterExpiry(e *env) {
-	a := e.instances(1)[0]
-	e.enqueue(item(driver.Outbox, ""), item(driver.Outbox, ""))
-	short := e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: time.Minute, MaxPerCategory: 1}).Work
-	long := e.claimReq(driver.ClaimRequest{InstanceID: a, Lease: time.Hour, MaxPerCategory: 1}).Work
-	if len(short) != 1 || len(long) != 1 || short[0].ID == long[0].ID {
-		e.t.Fatalf("A's claims handed out %v and %v, want one row each", refsOf(short), refsOf(long))
-	}
-	e.advance(2 * time.Minute)
-	e.deregister(a)
-	e.mustBeUnleased(driver.Outbox, short[0].ID, 1, "Deregister after its lease ran out")
-	e.mustBeUnleased(driver.Outbox, long[0].ID, 0, "Deregister with its lease running")
 }
 
 func deregisterPeerClaims(e *env) {
@@ -563,8 +542,8 @@ func deregisterPeerClaims(e *env) {
 	res := e.claim(a).Work
 	e.wantIDs("A's claim right after B deregistered", res, idsOf(held)...)
 	for _, w := range res {
-		if w.Attempts != 1 || !w.Orphaned {
-			e.t.Fatalf("%s re-issued as attempt %d orphaned=%v, want 1 (B's attempt given back) and true", w.Ref(), w.Attempts, w.Orphaned)
+		if w.Attempts != 2 || !w.Orphaned {
+			e.t.Fatalf("%s re-issued as attempt %d orphaned=%v, want 2 and true", w.Ref(), w.Attempts, w.Orphaned)
 		}
 	}
 }

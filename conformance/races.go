@@ -514,9 +514,8 @@ func (e *env) ackWhileARenewalIsInFlight(deregister bool) {
 	}
 	if deregister {
 		e.wantInstances("after a's deregistration")
-		// Their leases still ran: the attempts are given back.
-		e.mustBeUnleased(driver.Outbox, first.ID, 0, "a deregistered while its renewal was in flight")
-		e.mustBeUnleased(driver.Outbox, second.ID, 0, "a deregistered while its renewal was in flight")
+		e.mustBeUnleased(driver.Outbox, first.ID, 1, "a deregistered while its renewal was in flight")
+		e.mustBeUnleased(driver.Outbox, second.ID, 1, "a deregistered while its renewal was in flight")
 		return
 	}
 	e.wantAck("a's release behind its own renewal", out.res, 1, nil, nil)

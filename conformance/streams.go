@@ -401,15 +401,9 @@ func (s *sim) heldBy(inst uuid.UUID) []*simRow {
 	return out
 }
 
-// releaseAll unleases inst's rows as its eviction does, or as its graceful
-// leave (Deregister) does, which gives back the attempts of the leases that
-// still run.
-func (s *sim) releaseAll(inst uuid.UUID, graceful bool) {
+func (s *sim) releaseAll(inst uuid.UUID) {
 	for _, r := range s.order {
 		if r.holder == inst {
-			if graceful && !s.e.now().After(r.expiry) {
-				r.attempts, r.released = r.attempts-1, true
-			}
 			r.holder = uuid.Nil
 		}
 	}
@@ -507,7 +501,7 @@ func streamSimulation(e *env) {
 			}
 			i := rng.IntN(len(s.live))
 			e.deregister(s.live[i])
-			s.releaseAll(s.live[i], true)
+			s.releaseAll(s.live[i])
 			s.live = append(s.live[:i], s.live[i+1:]...)
 			s.count["leaves"]++
 		default: // an instance dies and is evicted as stale
@@ -522,7 +516,7 @@ func streamSimulation(e *env) {
 			if ev := e.cleanup(staleAfter, staleAfter); !sameIDs(ev, []uuid.UUID{dead}) {
 				e.t.Fatalf("step %d: CleanupStale evicted %v, want [%s]", s.steps, shortIDs(ev), short(dead))
 			}
-			s.releaseAll(dead, false)
+			s.releaseAll(dead)
 			s.live = rest
 			s.count["evictions"]++
 		}

@@ -51,11 +51,7 @@ type Coordinator interface {
 	CleanupStale(ctx context.Context, req CleanupRequest) ([]uuid.UUID, error)
 
 	// Deregister releases every lease and stream the instance holds and
-	// deletes its row: a graceful leave. The attempts of leases that have
-	// not run out are given back (the leaver ran none of those rows; it
-	// completed, failed or released every row it knew of); a lease that ran
-	// out keeps its attempt, as every lease of an evicted instance does.
-	// Deregistering an unknown instance is not an error.
+	// deletes its row. Deregistering an unknown instance is not an error.
 	Deregister(ctx context.Context, instanceID uuid.UUID) error
 }
 

@@ -37,7 +37,6 @@ func ExampleRender() {
 	// 0014_lock_order: creates wp_ objects in "shop": true
 	// 0015_rank_residues: creates wp_ objects in "shop": true
 	// 0016_bounded_reads: creates wp_ objects in "shop": true
-	// 0017_deregister_gives_back: creates wp_ objects in "shop": true
 	// true
 }
 

@@ -6,7 +6,7 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 17,
+	version: 16,
 	list: []InstalledFunction{
 		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
@@ -19,7 +19,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_cleanup_stale_instances(bigint, bigint, timestamp with time zone, bigint)", Checksum: "b20bb9a3a8c04082f3ee1bae22183e92"},
 		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "c83032baccfec8aac2be8949f7df15c2"},
 		{Signature: "wp_cut_batch(uuid[], tid[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], integer)", Checksum: "f6ad137f1a0832d155f6ffd16497c71f"},
-		{Signature: "wp_deregister(uuid, timestamp with time zone)", Checksum: "3ade7436abf0c7087d497f0ac8cbead5"},
+		{Signature: "wp_deregister(uuid, timestamp with time zone)", Checksum: "7ac5d219b34af519bc777eb7eb387d5f"},
 		{Signature: "wp_enqueue(text[], uuid[], text[], integer[], text[], text[], bytea[], text[], timestamp with time zone[], timestamp with time zone, boolean)", Checksum: "aadcbd87f9cb661c38ad9e91c75b5f3a"},
 		{Signature: "wp_enqueue_prepare(text[], text[], integer[], timestamp with time zone[], timestamp with time zone)", Checksum: "e59fd16fb959fede831097ad1070a99a"},
 		{Signature: "wp_fail(uuid, text[], uuid[], integer[], text[], bigint[], integer, bigint, bigint, timestamp with time zone, text[], boolean[])", Checksum: "a47207c5f6388f3f12e4f3b422b6c985"},

@@ -415,14 +415,14 @@ func (s *Store) sweep(now time.Time, staleAfter, deadAfter, lockLost time.Durati
 		}
 	}
 	if len(evicted) > 0 {
-		s.evict(evicted, now, false)
+		s.evict(evicted, now)
 	}
 	return evicted
 }
 
-// Deregister releases every lease and stream the instance holds, giving
-// back the attempts of leases still running, deletes its row and tells the
-// remaining instances (SignalOrphan). An unknown instance is not an error.
+// Deregister releases every lease and stream the instance holds, deletes
+// its row and tells the remaining instances (SignalOrphan). An unknown
+// instance is not an error.
 func (s *Store) Deregister(ctx context.Context, instanceID uuid.UUID) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -438,17 +438,14 @@ func (s *Store) Deregister(ctx context.Context, instanceID uuid.UUID) error {
 	if s.instances[instanceID] == nil {
 		return nil
 	}
-	s.evict([]uuid.UUID{instanceID}, s.now(), true)
+	s.evict([]uuid.UUID{instanceID}, s.now())
 	return nil
 }
 
 // evict deletes the instance rows of ids, releases their leases in every
-// category and their stream ownership, and signals SignalOrphan to every
-// remaining instance. Attempts stay spent, except with giveBack (a
-// graceful deregistration) those of leases still running: the leaver never
-// ran those rows, while a lease that ran out may have had its handler
-// overrun it.
-func (s *Store) evict(ids []uuid.UUID, now time.Time, giveBack bool) {
+// category (attempts unchanged) and their stream ownership, and signals
+// SignalOrphan to every remaining instance.
+func (s *Store) evict(ids []uuid.UUID, now time.Time) {
 	gone := make(map[uuid.UUID]bool, len(ids))
 	for _, id := range ids {
 		gone[id] = true
@@ -460,9 +457,6 @@ func (s *Store) evict(ids []uuid.UUID, now time.Time, giveBack bool) {
 		touched = touched[:0]
 		for _, r := range c.rows {
 			if !r.removed && r.instance != uuid.Nil && gone[r.instance] {
-				if giveBack && r.w.Attempts > 0 && !r.w.LeaseExpiry.Before(now) {
-					r.w.Attempts--
-				}
 				s.unlease(r)
 				touched = append(touched, r)
 			}

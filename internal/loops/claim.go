@@ -185,11 +185,12 @@ type ClaimWorker struct {
 	jitter    func() float64
 
 	// abort ends a claim in flight. Stop does not: a claim the store
-	// committed but whose answer a cancel cut off leaves its rows leased to
-	// an instance that does not know them, blocking their streams until
-	// the deregistration frees them. Stop waits for the claim and its rows
-	// reach the sink, to be given back at once; only a Stop whose own
-	// context ends first aborts it.
+	// committed but whose answer a cancel cut off would leave its rows
+	// leased to an instance that does not know them, and deregistering
+	// frees such rows with the attempt spent, so a deploy that stops a
+	// pump mid-claim would count an attempt against rows that never ran.
+	// Stop waits for the claim and its rows reach the sink; only a Stop
+	// whose own context ends first aborts it.
 	abort       context.Context
 	abortClaims context.CancelFunc
 }

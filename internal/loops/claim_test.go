@@ -1007,9 +1007,9 @@ func (c ctxClaimCoord) ClaimWork(ctx context.Context, req driver.ClaimRequest) (
 
 // A claim in flight when Stop comes is not cancelled: the store may commit
 // it whatever the caller does, and rows whose answer a cancel cut off stay
-// leased to an instance that does not know them until it deregisters.
-// Stop waits for the claim, its rows reach the sink, and no claim begins
-// after it.
+// leased to an instance that never hands them back, so deregistering frees
+// them with their attempt spent. Stop waits for the claim, its rows reach
+// the sink, and no claim begins after it.
 func TestClaimStopLetsAClaimInFlightFinish(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var cancelled atomic.Bool
