@@ -112,7 +112,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.otel, "otel", false, "burndown: instrument every pump with otelworkpump on real OpenTelemetry SDK providers whose output goes nowhere (a metric reader never collected, spans batched to an exporter that drops them), backlog gauges included")
 	fs.Float64Var(&c.otelSampling, "otel-sampling", 1, "--otel: the share of items whose handler span is recorded (a parent-based trace-id ratio sampler; 1 records every span)")
 	fs.IntVar(&c.processes, "processes", 0, "burndown on Postgres: run the --instances pumps in this many child processes of this binary, spread evenly, and report per instance, per process (CPU time included) and in all; 0 runs them in this process")
-	fs.DurationVar(&c.churn, "churn", 0, "--processes: every this often during the drain, a rolling-deploy step: start a new child with the oldest running child's instances, release it, then stop the oldest gracefully (unset: no churn; a value must be > 0)")
+	fs.DurationVar(&c.churn, "churn", 0, "--processes: every this often during the drain, a rolling-deploy step: start a new child with the oldest running child's instances, release it, wait until its pumps are ready (Pump.Health, as a readiness probe), then stop the oldest gracefully (unset: no churn; a value must be > 0)")
 	fs.DurationVar(&c.stallAfter, "stall-after", time.Minute, "--processes: fail the drain when no item completes for this long, and say what the store holds")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
 	db := databaseURLFlag(fs)

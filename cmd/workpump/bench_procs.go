@@ -59,7 +59,7 @@ const orderCheckMethod = "handler-intervals"
 
 // procMsg is one JSON line a child writes on stdout.
 type procMsg struct {
-	Type      string  `json:"type"` // ready, progress, final
+	Type      string  `json:"type"` // ready, started, progress, final
 	Completed []int64 `json:"completed,omitempty"`
 	CPUUser   float64 `json:"cpu_user_s,omitempty"`
 	CPUSys    float64 `json:"cpu_sys_s,omitempty"`
@@ -104,6 +104,7 @@ type procChild struct {
 	final     *procMsg
 	ready     bool // it said ready
 	released  bool // it got the go line
+	started   bool // its pumps are ready (registered, claiming)
 	stopping  bool // its stdin is closed
 	exited    bool // its stdout ended
 	waited    bool
@@ -238,6 +239,8 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 			}
 		case ev.msg.Type == "ready":
 			ch.ready = true
+		case ev.msg.Type == "started":
+			ch.started = true
 		case ev.msg.Type == "progress":
 			if len(ev.msg.Completed) == ch.instances {
 				ch.completed = ev.msg.Completed
@@ -323,7 +326,7 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 					c.stallAfter, t, c.n, outboxSummary(ctx, be))
 			}
 			if newChild >= 0 && time.Since(stepSince) > 60*time.Second {
-				return benchResult{}, fmt.Errorf("--churn: the new child process %d was not ready within 60 s", newChild+1)
+				return benchResult{}, fmt.Errorf("--churn: the new child process %d was not ready and running within 60 s", newChild+1)
 			}
 		case <-churnC:
 			if newChild >= 0 {
@@ -342,10 +345,17 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 				break
 			}
 			// The rolling-deploy step: the new child runs before the
-			// oldest stops, so the live count goes K → K+share → K. The
-			// old child stops gracefully and sends its final report.
-			if err := release(newChild); err != nil {
-				return benchResult{}, err
+			// oldest stops, so the live count goes K → K+share → K. As a
+			// deployment waits for a readiness probe, the old child stops
+			// only once the new child's pumps are ready; it stops
+			// gracefully and sends its final report.
+			if !children[newChild].released {
+				if err := release(newChild); err != nil {
+					return benchResult{}, err
+				}
+			}
+			if !children[newChild].started {
+				break
 			}
 			old := children[oldChild]
 			old.stdin.Close()
@@ -601,7 +611,8 @@ type handled struct {
 }
 
 // runBenchChild is a child of `bench --processes`: it builds its pumps,
-// says ready, starts them on the go line, reports progress every 20 ms,
+// says ready, starts them on the go line, says started once every pump's
+// Health is ready, reports progress every 20 ms,
 // and on EOF on stdin (the parent's stop, or the parent's death) stops
 // them, reports its counts, CPU time and handler runs, and exits.
 func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -711,6 +722,7 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var last []int64
+	started := false
 wait:
 	for {
 		select {
@@ -721,6 +733,13 @@ wait:
 				break wait
 			}
 		case <-tick.C:
+			if !started && allReady(pumps) {
+				// What a readiness probe sees: registered, schema checked.
+				started = true
+				if err := enc.Encode(procMsg{Type: "started"}); err != nil {
+					break wait
+				}
+			}
 			if now := counts(); !slices.Equal(now, last) {
 				if err := enc.Encode(procMsg{Type: "progress", Completed: now}); err != nil {
 					break wait // the parent is gone
@@ -782,4 +801,14 @@ func runsOf(all []handled) [][5]int64 {
 		runs = append(runs, cur)
 	}
 	return runs
+}
+
+// allReady reports whether every pump's Health says ready.
+func allReady(pumps []*workpump.Pump) bool {
+	for _, p := range pumps {
+		if !p.Health().Ready {
+			return false
+		}
+	}
+	return true
 }
