@@ -266,13 +266,16 @@ func TestBenchChild_StopsOnStdinEOF(t *testing.T) {
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		m := next(sc)
-		if m.Type != "progress" {
-			t.Fatalf("line %+v, want progress", m)
-		}
-		if len(m.Completed) == 2 && m.Completed[0]+m.Completed[1] == n {
-			break
+	// Progress lines until every item is done, and one started line (when
+	// both pumps' Health is ready) anywhere among them.
+	for started, drained := false, false; !started || !drained; {
+		switch m := next(sc); {
+		case m.Type == "started" && !started:
+			started = true
+		case m.Type == "progress":
+			drained = len(m.Completed) == 2 && m.Completed[0]+m.Completed[1] == n
+		default:
+			t.Fatalf("line %+v, want progress (or started once)", m)
 		}
 	}
 	stdin.Close()
