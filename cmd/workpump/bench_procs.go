@@ -47,6 +47,10 @@ type procsResult struct {
 	Missing             int       `json:"missing"`
 	ChurnSeconds        float64   `json:"churn_seconds,omitempty"` // --churn: the period of the rolling-deploy steps
 	Replacements        int       `json:"replacements"`            // --churn: children replaced during the drain
+	// MidStep: the drain ended while a churn step's new child ran but
+	// was not yet ready, so the oldest child had not been stopped; that
+	// new child ran and reports, without a replacement counted.
+	MidStep bool `json:"mid_step,omitempty"`
 	// LaterAttempts counts handler runs of an attempt after the first: a
 	// row handed out again after its lease or claim was lost without a
 	// release. Graceful stops give every unrun attempt back, so a churned
@@ -367,6 +371,7 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		}
 	}
 	took := time.Since(start0)
+	midStep := newChild >= 0 && children[newChild].released
 
 	// Stop: EOF on stdin; each child stops its pumps and sends its final
 	// report, then exits (one never released just exits).
@@ -402,7 +407,7 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		}
 	}
 
-	pr := &procsResult{Processes: c.processes, OrderCheck: orderCheckMethod, Replacements: replacements, ChurnSeconds: c.churn.Seconds()}
+	pr := &procsResult{Processes: c.processes, OrderCheck: orderCheckMethod, Replacements: replacements, ChurnSeconds: c.churn.Seconds(), MidStep: midStep}
 	var cpu float64
 	var claims uint64
 	var runs [][5]int64
@@ -411,6 +416,9 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	if c.churn > 0 {
 		fmt.Fprintf(out, "churn: %d replacements, one step every %s at most (%d child processes ran in all)\n",
 			replacements, c.churn, len(slices.DeleteFunc(slices.Clone(children), func(ch *procChild) bool { return !ch.released })))
+		if midStep {
+			fmt.Fprintf(out, "process %d: started for a churn step the drain's end cut short; it ran, but the oldest child was not stopped for it\n", newChild+1)
+		}
 	}
 	inst := 0
 	for i, ch := range children {
