@@ -32,6 +32,7 @@ type benchConfig struct {
 	rate                               int
 	duration, warmup                   time.Duration
 	asJSON, reset, asyncClaims         bool
+	claimsAtOnce                       int
 	noSelfPolling                      bool
 	noPacing                           bool
 	selfPollInterval                   time.Duration
@@ -52,6 +53,7 @@ type benchResult struct {
 	Instances          int     `json:"instances"`
 	Runs               int     `json:"runs,omitempty"` // set on the summary line of --repeat: the fields are medians
 	AsyncClaims        bool    `json:"async_claims,omitempty"`
+	ClaimsAtOnce       int     `json:"claims_at_once,omitempty"`
 	NoSelfPolling      bool    `json:"no_self_polling,omitempty"`
 	NoPacing           bool    `json:"no_pacing,omitempty"`
 	BareConsumer       bool    `json:"bare_consumer,omitempty"` // appwrite: the pump phases ran the bare consumer instead
@@ -104,6 +106,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&c.warmup, "warmup", 0, "continuous: first enqueue at --rate for this long, wait until those items are handled, and only then measure (steady state: every connection has planned its statements)")
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
+	fs.IntVar(&c.claimsAtOnce, "claims-at-once", 0, "Postgres: how many claims of one process run in the database at once; 0 is the driver's default, negative unbounded (pgxdriver.Options.ClaimsAtOnce)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
 	fs.BoolVar(&c.noSelfPolling, "no-self-polling", false, "instances never poll by themselves: every enqueue NOTIFYs (Claim.DisableSelfPolling)")
 	fs.BoolVar(&c.noPacing, "no-pacing", false, "instances claim at once after a claim that ran beside another (Claim.DisablePacing)")
@@ -258,6 +261,7 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 	}
 	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.NoSelfPolling, res.BareConsumer = c.mode, be.name(), c.instances, c.asyncClaims, c.noSelfPolling, c.bareConsumer
 	res.NoPacing = c.noPacing
+	res.ClaimsAtOnce = c.claimsAtOnce
 	res.Otel = c.otel
 	if c.otel {
 		res.OtelSampling = c.otelSampling

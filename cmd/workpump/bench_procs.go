@@ -194,6 +194,9 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	if c.asyncClaims {
 		childArgs = append(childArgs, "--async-claims")
 	}
+	if c.claimsAtOnce != 0 {
+		childArgs = append(childArgs, "--claims-at-once", strconv.Itoa(c.claimsAtOnce))
+	}
 	if c.noSelfPolling {
 		childArgs = append(childArgs, "--no-self-polling")
 	}
@@ -634,6 +637,7 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "")
 	fs.BoolVar(&c.noSelfPolling, "no-self-polling", false, "")
 	fs.BoolVar(&c.noPacing, "no-pacing", false, "")
+	fs.IntVar(&c.claimsAtOnce, "claims-at-once", 0, "")
 	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "")
 	fs.StringVar(&c.schema, "schema", "", "")
 	if err := fs.Parse(args); err != nil {
@@ -645,7 +649,7 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer pool.Close()
-	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: c.schema, AsynchronousClaims: c.asyncClaims})
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: c.schema, AsynchronousClaims: c.asyncClaims, ClaimsAtOnce: c.claimsAtOnce})
 	if err != nil {
 		return err
 	}

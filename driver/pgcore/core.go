@@ -52,6 +52,20 @@ type Options struct {
 	// at-least-once. Off by default: with it off, a row whose handler runs
 	// is durably leased to that handler's instance.
 	AsynchronousClaims bool
+	// ClaimsAtOnce bounds how many ClaimWork calls of this coordinator run
+	// in the database at the same time; further calls wait their turn in
+	// the process, in arrival order, and a call whose context ends while it
+	// waits returns the context's error having sent nothing. Several pumps
+	// sharing one coordinator then take turns for their claims: a claim
+	// that waits inside Postgres instead (on a lock, or for a CPU the other
+	// claims hold) keeps its snapshot open, which holds back the horizon
+	// below which the rows that claims and completions leave behind can be
+	// pruned, and every later scan pays for them. Two at once rather than
+	// one: while one claim's rows travel back and its transaction commits,
+	// the next runs in the database. 0 means 2; a negative value sets no
+	// bound. Claims of other processes are not counted: the claim loop's
+	// pacing spaces those out.
+	ClaimsAtOnce int
 	// EnqueueCopyThreshold is the batch size from which Enqueue writes new
 	// items with COPY instead of wp_enqueue's INSERT, where the client has
 	// COPY and no item carries its own ID (an ID the caller chose may
@@ -100,6 +114,7 @@ const (
 	defaultPing         = 15 * time.Second
 	defaultLockRetry    = time.Second
 	defaultSignalBuffer = 64
+	defaultClaimsAtOnce = 2
 )
 
 // WithDefaults validates o and returns it with every default filled in.
@@ -146,6 +161,9 @@ func (o Options) WithDefaults() (Options, error) {
 	case o.SignalBuffer == 0:
 		o.SignalBuffer = defaultSignalBuffer
 	}
+	if o.ClaimsAtOnce == 0 {
+		o.ClaimsAtOnce = defaultClaimsAtOnce
+	}
 	o.EnqueueCopyThreshold = copyThreshold(o.EnqueueCopyThreshold)
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -189,6 +207,10 @@ type Core struct {
 	opts Options
 	log  hclog.Logger
 	sql  statements
+	// claimTurns holds a token per ClaimWork call in the database (see
+	// Options.ClaimsAtOnce); nil when unbounded. Blocked senders queue in
+	// arrival order, so a waiting claim is never overtaken for long.
+	claimTurns chan struct{}
 
 	mu   sync.Mutex
 	dial Dialer // nil: poll-only
@@ -225,6 +247,9 @@ func New(cl Client, opts Options) (*Core, error) {
 		log:  o.Logger.Named(cl.Name),
 		sql:  newStatements(o.Schema, cl.Dialect, o.SynchronousAcks, o.AsynchronousClaims),
 		subs: make(map[uuid.UUID][]*subscription),
+	}
+	if o.ClaimsAtOnce > 0 {
+		c.claimTurns = make(chan struct{}, o.ClaimsAtOnce)
 	}
 	switch {
 	case o.DisableListener:

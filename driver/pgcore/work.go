@@ -188,6 +188,14 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.C
 	if err := req.Validate(); err != nil {
 		return driver.ClaimResult{}, err
 	}
+	if c.claimTurns != nil {
+		select {
+		case c.claimTurns <- struct{}{}:
+		case <-ctx.Done():
+			return driver.ClaimResult{}, ctx.Err()
+		}
+		defer func() { <-c.claimTurns }()
+	}
 	return againIfRolledBack(ctx, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
 }
 

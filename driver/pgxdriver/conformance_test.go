@@ -39,9 +39,15 @@ func (h harness) Capabilities() conformance.Capabilities {
 
 func (h harness) MakeStore(t *testing.T, cfg conformance.StoreConfig) conformance.Store {
 	c := newTestCoordinator(t, h.simple, cfg.Now, cfg.PartitionCount)
-	if h.copyAll {
-		c = reopen(t, c, func(o *Options) { o.EnqueueCopyThreshold = 1 })
-	}
+	c = reopen(t, c, func(o *Options) {
+		// The race cases hold one claim inside the database while a peer
+		// claims through the same store, as another process would; a bound
+		// on the store's own claims would queue the peer behind it.
+		o.ClaimsAtOnce = -1
+		if h.copyAll {
+			o.EnqueueCopyThreshold = 1
+		}
+	})
 	st := conformance.Store{Coordinator: c, Pauses: pgtest.Pauser{T: t, Schema: c.Schema()}}
 	if !h.simple {
 		st.Faults = &pgtest.CoreFaults{T: t, Core: c.Core}
