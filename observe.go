@@ -51,8 +51,13 @@ type ClaimEvent struct {
 	Items int
 	// HasMore says the store has more claimable items right now.
 	HasMore bool
-	// Duration is the round trip, on the local clock.
+	// Duration is the round trip, on the local clock, from the moment the
+	// claim was sent.
 	Duration time.Duration
+	// Queued is how long the claim waited in the process for its turn
+	// before it was sent (pumps sharing a Postgres coordinator take turns:
+	// pgxdriver.Options.ClaimsAtOnce); 0 when it was sent at once.
+	Queued time.Duration
 	// Err is the claim's error, nil when it succeeded.
 	Err error
 	// Paced is how long the claim loop waits before its next claim because

@@ -291,7 +291,7 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 					o.Hooks.BatchClaimed(e.Items, e.HasMore)
 				}
 				if o.Hooks.ClaimFinished != nil {
-					o.Hooks.ClaimFinished(ClaimEvent{Items: e.Items, HasMore: e.HasMore, Duration: time.Since(e.Start), Err: e.Err, Paced: e.Paced})
+					o.Hooks.ClaimFinished(ClaimEvent{Items: e.Items, HasMore: e.HasMore, Duration: time.Since(e.Start) - e.Queued, Queued: e.Queued, Err: e.Err, Paced: e.Paced})
 				}
 			},
 			OnGateChange: func(up bool) {
@@ -349,7 +349,9 @@ func (p *Pump) RequestImmediatePoll() { p.requestPoll() }
 // finish until ctx is done. A claim in flight is not cancelled but waited
 // for within that time, and its rows are given back unstarted: a
 // cancelled claim may still commit, and its rows would then go back only
-// with their attempt spent. Then Stop cancels the handlers' contexts and
+// with their attempt spent; a claim still waiting for its turn in the
+// coordinator (pgxdriver.Options.ClaimsAtOnce) has sent nothing and is
+// given up at once. Then Stop cancels the handlers' contexts and
 // waits one second more; handlers still running after that are abandoned
 // (each named in a WARN log, counted in Stats.Abandoned) and left to
 // return on their own, their late outcome dropped. It flushes completions

@@ -145,6 +145,34 @@ type ClaimResult struct {
 	// a store may miss an overlap, and never reports one that did not
 	// happen.
 	Overlapped bool
+	// Queued is how long the call waited in the process for its turn
+	// before the store sent it to the database (a store that bounds the
+	// claims it runs at once), on the local clock; 0 when it was sent at
+	// once. The claim loop's pacing measures a claim without it.
+	Queued time.Duration
+}
+
+// queueKey carries the context WithQueueContext attaches.
+type queueKey struct{}
+
+// WithQueueContext returns ctx carrying queue: a store that holds a call
+// in the process before it sends anything (a claim waiting for its turn)
+// gives that wait up when queue ends, and returns queue's error having
+// sent nothing. Once sent, the call runs under ctx alone. The claim loop
+// uses it to stop at once while its claim is still queued, and to let a
+// claim already in the database finish, since one cancelled there may
+// commit with its answer lost.
+func WithQueueContext(ctx, queue context.Context) context.Context {
+	return context.WithValue(ctx, queueKey{}, queue)
+}
+
+// QueueContext returns the context that ends a call's wait before it is
+// sent: the one WithQueueContext attached to ctx, or ctx itself.
+func QueueContext(ctx context.Context) context.Context {
+	if q, ok := ctx.Value(queueKey{}).(context.Context); ok {
+		return q
+	}
+	return ctx
 }
 
 // RenewRequest is the argument of RenewLeases.

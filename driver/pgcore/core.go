@@ -54,8 +54,10 @@ type Options struct {
 	AsynchronousClaims bool
 	// ClaimsAtOnce bounds how many ClaimWork calls of this coordinator run
 	// in the database at the same time; further calls wait their turn in
-	// the process, in arrival order, and a call whose context ends while it
-	// waits returns the context's error having sent nothing. Several pumps
+	// the process, in arrival order, and a call whose context, or queue
+	// context (driver.WithQueueContext), ends while it waits returns that
+	// context's error having sent nothing; ClaimResult.Queued reports the
+	// wait. Several pumps
 	// sharing one coordinator then take turns for their claims: a claim
 	// that waits inside Postgres instead (on a lock, or for a CPU the other
 	// claims hold) keeps its snapshot open, which holds back the horizon
@@ -63,8 +65,8 @@ type Options struct {
 	// pruned, and every later scan pays for them. Two at once rather than
 	// one: while one claim's rows travel back and its transaction commits,
 	// the next runs in the database. 0 means 2; a negative value sets no
-	// bound. Claims of other processes are not counted: the claim loop's
-	// pacing spaces those out.
+	// bound. Claims of other processes are not counted; the claim loop's
+	// pacing spaces out every claim that overlaps another.
 	ClaimsAtOnce int
 	// EnqueueCopyThreshold is the batch size from which Enqueue writes new
 	// items with COPY instead of wp_enqueue's INSERT, where the client has

@@ -188,15 +188,38 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.C
 	if err := req.Validate(); err != nil {
 		return driver.ClaimResult{}, err
 	}
+	var queued time.Duration
 	if c.claimTurns != nil {
-		select {
-		case c.claimTurns <- struct{}{}:
-		case <-ctx.Done():
-			return driver.ClaimResult{}, ctx.Err()
+		if err := c.takeClaimTurn(ctx, &queued); err != nil {
+			return driver.ClaimResult{}, err
 		}
 		defer func() { <-c.claimTurns }()
 	}
-	return againIfRolledBack(ctx, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
+	res, err := againIfRolledBack(ctx, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
+	res.Queued = queued
+	return res, err
+}
+
+// takeClaimTurn waits for one of the claim turns (Options.ClaimsAtOnce),
+// in arrival order, until ctx or its queue context (driver.QueueContext)
+// ends, and sets *queued to how long it waited.
+func (c *Core) takeClaimTurn(ctx context.Context, queued *time.Duration) error {
+	select {
+	case c.claimTurns <- struct{}{}:
+		return nil
+	default:
+	}
+	start := time.Now()
+	q := driver.QueueContext(ctx)
+	select {
+	case c.claimTurns <- struct{}{}:
+		*queued = time.Since(start)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-q.Done():
+		return q.Err()
+	}
 }
 
 func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,26 +15,31 @@ import (
 	"github.com/workpump/workpump/migrations"
 )
 
-// TestClaimsAtOnce holds one instance's claim inside the database (at its
-// pause point after choosing candidates) and sends a second instance's
-// claim through the same coordinator. With a bound of one claim at a time
-// the second waits in the process: its context ends first, it
-// returns the context's error, no session but the held one runs a claim,
-// and nothing is leased to it; once the first claim returns, the second
-// instance claims its rows. Without a bound the second claim reaches the
-// database while the first is held.
+// TestClaimsAtOnce holds as many instances' claims inside the database
+// (at their pause point after choosing candidates) as the bound lets run,
+// and sends one more instance's claim through the same coordinator. It
+// waits in the process: its context ends first, or its queue context
+// (driver.WithQueueContext) does, and it returns that context's error;
+// only the held claims run in the database, and nothing is leased to it.
+// A claim that waits while a turn frees up runs then and reports its wait
+// (Queued); one that found a turn free reports none. Without a bound the
+// extra claim reaches the database while the others are held.
 func TestClaimsAtOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		bound int
-	}{{"one", 1}, {"unbounded", -1}} {
+		bound int // the option
+		held  int // claims the bound lets run
+	}{{"one", 1, 1}, {"default", 0, 2}, {"unbounded", -1, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			c := reopen(t, newTestCoordinator(t, false, nil, 0), func(o *Options) { o.ClaimsAtOnce = tc.bound })
-			a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
-			register(t, c, a)
-			register(t, c, b)
-			items := make([]driver.NewWork, 64)
+			ids := make([]uuid.UUID, tc.held+1)
+			for i := range ids {
+				ids[i] = uuid.Must(uuid.NewV7())
+				register(t, c, ids[i])
+			}
+			extra := ids[tc.held]
+			items := make([]driver.NewWork, 96)
 			for i := range items {
 				items[i] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%02d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
 			}
@@ -43,30 +49,43 @@ func TestClaimsAtOnce(t *testing.T) {
 			req := func(id uuid.UUID) driver.ClaimRequest {
 				return driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox}, Lease: time.Minute, MaxPerCategory: 100}
 			}
-			hold, err := pgtest.Pauser{T: t, Schema: c.Schema()}.Arm(conformance.PauseClaimAfterCandidates, a)
-			if err != nil {
-				t.Fatal(err)
-			}
 			type answer struct {
 				res driver.ClaimResult
 				err error
 			}
-			first := make(chan answer, 1)
-			go func() {
-				res, err := c.ClaimWork(ctx, req(a))
-				first <- answer{res, err}
-			}()
-			if err := hold.Reached(ctx); err != nil {
-				t.Fatal(err)
+			holds := make([]conformance.Pause, tc.held)
+			answers := make([]chan answer, tc.held)
+			for i := range holds {
+				hold, err := pgtest.Pauser{T: t, Schema: c.Schema()}.Arm(conformance.PauseClaimAfterCandidates, ids[i])
+				if err != nil {
+					t.Fatal(err)
+				}
+				holds[i], answers[i] = hold, make(chan answer, 1)
+				go func() {
+					res, err := c.ClaimWork(ctx, req(ids[i]))
+					answers[i] <- answer{res, err}
+				}()
+				if err := hold.Reached(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			release := func() {
+				for i, h := range holds {
+					h.Release()
+					got := <-answers[i]
+					if got.err != nil || len(got.res.Work) == 0 || got.res.Queued != 0 {
+						t.Fatalf("held claim %d: %d rows, queued %v, %v; want rows, sent at once", i, len(got.res.Work), got.res.Queued, got.err)
+					}
+				}
 			}
 
 			if tc.bound < 0 {
-				// The peer's claim runs beside the held one: it returns, or
+				// The extra claim runs beside the held one: it returns, or
 				// it is seen in the database (waiting on a lock the held
 				// claim has).
 				second := make(chan answer, 1)
 				go func() {
-					res, err := c.ClaimWork(ctx, req(b))
+					res, err := c.ClaimWork(ctx, req(extra))
 					second <- answer{res, err}
 				}()
 				deadline := time.Now().Add(20 * time.Second)
@@ -74,53 +93,75 @@ func TestClaimsAtOnce(t *testing.T) {
 					select {
 					case got := <-second:
 						if got.err != nil {
-							t.Fatalf("unbounded: the second claim: %v", got.err)
+							t.Fatalf("unbounded: the extra claim: %v", got.err)
 						}
-						hold.Release()
-						<-first
+						release()
 						return
 					default:
 					}
 					if n := activeClaims(t, c); n >= 2 {
-						hold.Release()
-						<-first
+						release()
 						<-second
 						return
 					}
 					if time.Now().After(deadline) {
-						t.Fatal("unbounded: the second claim neither returned nor reached the database while the first was held")
+						t.Fatal("unbounded: the extra claim neither returned nor reached the database while the first was held")
 					}
 					time.Sleep(5 * time.Millisecond)
 				}
 			}
 
 			waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			res, err := c.ClaimWork(waitCtx, req(b))
+			res, err := c.ClaimWork(waitCtx, req(extra))
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) || len(res.Work) != 0 {
-				t.Fatalf("the second claim while the first is held: %d rows, %v; want context.DeadlineExceeded and nothing", len(res.Work), err)
+				t.Fatalf("the extra claim while %d are held: %d rows, %v; want context.DeadlineExceeded and nothing", tc.held, len(res.Work), err)
 			}
-			if n := activeClaims(t, c); n != 1 {
-				t.Fatalf("%d sessions run a claim while one is held; want 1 (the held one)", n)
+			queue, cancelQueue := context.WithCancel(ctx)
+			cancelQueue()
+			res, err = c.ClaimWork(driver.WithQueueContext(ctx, queue), req(extra))
+			if !errors.Is(err, context.Canceled) || len(res.Work) != 0 {
+				t.Fatalf("the extra claim whose queue context ended: %d rows, %v; want context.Canceled and nothing", len(res.Work), err)
 			}
-			if n := leasedTo(t, c, b); n != 0 {
-				t.Fatalf("%d rows leased to the instance whose claim waited; want 0", n)
+			if n := activeClaims(t, c); n != tc.held {
+				t.Fatalf("%d sessions run a claim while %d are held; want only those", n, tc.held)
+			}
+			if n := leasedTo(t, c, extra); n != 0 {
+				t.Fatalf("%d rows leased to the instance whose claims waited; want 0", n)
 			}
 
-			hold.Release()
-			got := <-first
-			if got.err != nil || len(got.res.Work) == 0 {
-				t.Fatalf("the held claim: %d rows, %v", len(got.res.Work), got.err)
+			// A claim that waits while the held ones finish runs then.
+			late := make(chan answer, 1)
+			asked := &valueSpy{Context: ctx, asked: make(chan struct{})}
+			go func() {
+				res, err := c.ClaimWork(asked, req(extra))
+				late <- answer{res, err}
+			}()
+			<-asked.asked // it looks for its queue context: it waits for a turn
+			release()
+			got := <-late
+			if got.err != nil || len(got.res.Work) == 0 || got.res.Queued <= 0 {
+				t.Fatalf("the extra instance after the held claims returned: %d rows, queued %v, %v; want its rows after a wait", len(got.res.Work), got.res.Queued, got.err)
 			}
-			res, err = c.ClaimWork(ctx, req(b))
-			if err != nil || len(res.Work) == 0 {
-				t.Fatalf("the second instance after the first claim returned: %d rows, %v; want its rows", len(res.Work), err)
-			}
-			if n := leasedTo(t, c, b); n != len(res.Work) {
-				t.Fatalf("%d rows leased to the second instance, its claim returned %d", n, len(res.Work))
+			if n := leasedTo(t, c, extra); n != len(got.res.Work) {
+				t.Fatalf("%d rows leased to the extra instance, its claim returned %d", n, len(got.res.Work))
 			}
 		})
 	}
+}
+
+// valueSpy closes asked at the first lookup of a context value: a claim
+// looks for its queue context (driver.QueueContext) only once it has to
+// wait for a turn.
+type valueSpy struct {
+	context.Context
+	once  sync.Once
+	asked chan struct{}
+}
+
+func (v *valueSpy) Value(key any) any {
+	v.once.Do(func() { close(v.asked) })
+	return v.Context.Value(key)
 }
 
 // activeClaims counts the sessions whose running statement calls the claim

@@ -84,7 +84,8 @@ type ClaimHooks struct {
 
 // PollEvent describes one ClaimWork call.
 type PollEvent struct {
-	Start      time.Time // local time the call started
+	Start      time.Time     // local time the call started
+	Queued     time.Duration // of it, waiting for a turn in the store (driver.ClaimResult.Queued)
 	Items      int
 	HasMore    bool
 	Err        error
@@ -381,13 +382,12 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 // its duration times a factor from 1 to 3 (random, so that instances that
 // overlapped once drift apart), at most MaxPollInterval.
 // It returns the wait.
-func (w *ClaimWorker) pace(start time.Time, overlapped bool) time.Duration {
+func (w *ClaimWorker) pace(took time.Duration, overlapped bool) time.Duration {
 	if !overlapped || w.opts.DisablePacing {
 		w.notBefore = time.Time{}
 		return 0
 	}
 	now := time.Now()
-	took := now.Sub(start)
 	d := min(time.Duration(float64(took)*(1+2*w.jitter())), w.opts.MaxPollInterval)
 	w.notBefore = now.Add(d)
 	return d
@@ -666,7 +666,9 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		if bounded {
 			req.ReadLimit = boundedRead(limit)
 		}
-		res, err := w.coord.ClaimWork(claimCtx, req)
+		// A claim still waiting for its turn in the store has sent
+		// nothing, so Stop ends that wait (the queue context).
+		res, err := w.coord.ClaimWork(driver.WithQueueContext(claimCtx, ctx), req)
 		if err != nil && ctx.Err() != nil {
 			return
 		}
@@ -706,9 +708,11 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			wait, untilSignal = w.waitAfter(emptyPolls, err != nil)
 			wait, untilSignal = w.afterShort(short, wait, untilSignal)
 		}
-		paced := w.pace(start, err == nil && res.Overlapped)
+		// The claim's own time: a wait for its turn in the process
+		// (res.Queued) was no load on the database.
+		paced := w.pace(time.Since(start)-res.Queued, err == nil && res.Overlapped)
 		if w.hooks.OnPoll != nil {
-			w.hooks.OnPoll(PollEvent{Start: start, Items: len(res.Work), HasMore: res.HasMore, Err: err,
+			w.hooks.OnPoll(PollEvent{Start: start, Queued: res.Queued, Items: len(res.Work), HasMore: res.HasMore, Err: err,
 				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal, Paced: paced})
 		}
 		if len(res.Work) > 0 {

@@ -1080,3 +1080,73 @@ func TestClaimStopAbortsAClaimWhenItsContextEnds(t *testing.T) {
 		stop(t, r.w) // the loop has returned
 	})
 }
+
+// A claim still waiting for its turn in the store (it has sent nothing)
+// ends when Stop begins: the store sees the queue context end, while the
+// claim's own context stays live.
+func TestClaimStopEndsAClaimStillQueued(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var claimCancelled atomic.Bool
+		coord := ctxClaimCoord{fakeCoord: &fakeCoord{}, claimCtx: func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			q := driver.QueueContext(ctx)
+			if q == ctx {
+				t.Error("the claim carries no queue context")
+			}
+			select {
+			case <-q.Done(): // a turn that never comes
+			case <-ctx.Done():
+				claimCancelled.Store(true)
+			}
+			return driver.ClaimResult{}, q.Err()
+		}}
+		r := newClaimRig(t, coord.fakeCoord, workers.ClaimOptions{}, nil, func(c *ClaimConfig) {
+			c.Coordinator = coord
+			c.Categories = []driver.Category{driver.Inbox}
+		})
+		r.start()
+		time.Sleep(300 * time.Millisecond) // the first claim waits for its turn
+		before := time.Now()
+		stop(t, r.w)
+		if waited := time.Since(before); waited != 0 {
+			t.Fatalf("Stop took %v while the claim waited for its turn, want at once", waited)
+		}
+		if claimCancelled.Load() {
+			t.Fatal("Stop cancelled the claim's own context; only its queue context should end")
+		}
+		if n := len(r.claims()); n != 1 {
+			t.Fatalf("%d claims, want 1", n)
+		}
+	})
+}
+
+// Pacing measures a claim without the time it waited for its turn in the
+// store (driver.ClaimResult.Queued): that wait put no load on the database.
+func TestClaimPacingLeavesOutTheQueuedTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			time.Sleep(ms(140)) // 100 ms queued, 40 ms in the database
+			if n == 1 {
+				return driver.ClaimResult{Work: work(driver.Inbox, 50), HasMore: true, Overlapped: true, Queued: ms(100)}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		var paced []time.Duration
+		var queued []time.Duration
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Jitter = func() float64 { return 0.5 } // factor 2
+			c.Hooks.OnPoll = func(e PollEvent) {
+				paced = append(paced, e.Paced)
+				queued = append(queued, e.Queued)
+			}
+		})
+		r.start()
+		time.Sleep(ms(400))
+		stop(t, r.w)
+		// Claim 1 took 140 ms of which 40 in the database: the next claim
+		// waits 80 ms after it, at 220 ms.
+		eqDurations(t, "claims", r.claims()[:2], []time.Duration{0, ms(220)})
+		eqDurations(t, "pacing waits reported", paced[:1], []time.Duration{ms(80)})
+		eqDurations(t, "queued reported", queued[:1], []time.Duration{ms(100)})
+	})
+}

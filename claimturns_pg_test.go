@@ -1,0 +1,121 @@
+package workpump_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/workpump/workpump"
+	"github.com/workpump/workpump/conformance"
+	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/pgxdriver"
+	"github.com/workpump/workpump/internal/pgtest"
+	"github.com/workpump/workpump/migrations"
+)
+
+// queueSpy reports when a pump's claim starts waiting for its turn in the
+// coordinator: the store looks up the claim's queue context
+// (driver.QueueContext) only then.
+type queueSpy struct {
+	*pgxdriver.Coordinator
+	queued chan struct{}
+}
+
+func (q queueSpy) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	return q.Coordinator.ClaimWork(&valueWatch{Context: ctx, asked: q.queued}, req)
+}
+
+type valueWatch struct {
+	context.Context
+	once  sync.Once
+	asked chan struct{}
+}
+
+func (v *valueWatch) Value(key any) any {
+	v.once.Do(func() {
+		select {
+		case v.asked <- struct{}{}:
+		default:
+		}
+	})
+	return v.Context.Value(key)
+}
+
+// TestPumpPG_StopEndsAClaimWaitingForItsTurn: two claims of other
+// instances are held inside the database, so a pump sharing their
+// coordinator (ClaimsAtOnce at its default of 2) queues its claim in the
+// process. Its Stop, with no deadline of its own, returns at once without
+// error: the queued claim has sent nothing, so Stop does not wait for the
+// held claims (as it waits for a claim of its own in the database), and
+// nothing is leased to the stopped instance.
+func TestPumpPG_StopEndsAClaimWaitingForItsTurn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := pgCoordinator(t)
+	items := make([]workpump.NewWork, 64)
+	for i := range items {
+		items[i] = workpump.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%02d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
+	}
+	if _, err := c.Enqueue(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		id := uuid.Must(uuid.NewV7())
+		if _, err := c.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: id, ServiceName: "held"},
+			StaleAfter: time.Hour, DeadAfter: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		hold, err := pgtest.Pauser{T: t, Schema: c.Schema()}.Arm(conformance.PauseClaimAfterCandidates, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox}, Lease: time.Minute, MaxPerCategory: 10})
+			done <- err
+		}()
+		if err := hold.Reached(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			hold.Release()
+			if err := <-done; err != nil {
+				t.Errorf("held claim: %v", err)
+			}
+		}()
+	}
+
+	spy := queueSpy{Coordinator: c, queued: make(chan struct{}, 1)}
+	o := quietOptions()
+	o.ID = uuid.Must(uuid.NewV7())
+	p, err := workpump.New(spy, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Handle(driver.Outbox, "n", func(context.Context, workpump.Work) error { return nil })
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-spy.queued
+	stopped := make(chan error, 1)
+	go func() { stopped <- p.Stop(context.Background()) }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop still waits behind the held claims of other instances (StopTimeout is 30 s)")
+	}
+	var leased int
+	if err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM "`+c.Schema()+`".`+migrations.Table(string(driver.Outbox))+` WHERE instance_id = $1`, o.ID).Scan(&leased); err != nil {
+		t.Fatal(err)
+	}
+	if leased != 0 {
+		t.Fatalf("%d rows leased to the stopped instance, want 0", leased)
+	}
+}
