@@ -3,7 +3,6 @@ package workpump_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,38 +11,9 @@ import (
 	"github.com/workpump/workpump"
 	"github.com/workpump/workpump/conformance"
 	"github.com/workpump/workpump/driver"
-	"github.com/workpump/workpump/driver/pgxdriver"
 	"github.com/workpump/workpump/internal/pgtest"
 	"github.com/workpump/workpump/migrations"
 )
-
-// queueSpy reports when a pump's claim starts waiting for its turn in the
-// coordinator: the store looks up the claim's queue context
-// (driver.QueueContext) only then.
-type queueSpy struct {
-	*pgxdriver.Coordinator
-	queued chan struct{}
-}
-
-func (q queueSpy) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
-	return q.Coordinator.ClaimWork(&valueWatch{Context: ctx, asked: q.queued}, req)
-}
-
-type valueWatch struct {
-	context.Context
-	once  sync.Once
-	asked chan struct{}
-}
-
-func (v *valueWatch) Value(key any) any {
-	v.once.Do(func() {
-		select {
-		case v.asked <- struct{}{}:
-		default:
-		}
-	})
-	return v.Context.Value(key)
-}
 
 // TestPumpPG_StopEndsAClaimWaitingForItsTurn: two claims of other
 // instances are held inside the database, so a pump sharing their
@@ -89,10 +59,9 @@ func TestPumpPG_StopEndsAClaimWaitingForItsTurn(t *testing.T) {
 		}()
 	}
 
-	spy := queueSpy{Coordinator: c, queued: make(chan struct{}, 1)}
 	o := quietOptions()
 	o.ID = uuid.Must(uuid.NewV7())
-	p, err := workpump.New(spy, o)
+	p, err := workpump.New(c, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +69,7 @@ func TestPumpPG_StopEndsAClaimWaitingForItsTurn(t *testing.T) {
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	<-spy.queued
+	pgWait(t, 20*time.Second, "the pump's claim waits for its turn", func() bool { return c.ClaimsQueued() == 1 })
 	stopped := make(chan error, 1)
 	go func() { stopped <- p.Stop(context.Background()) }()
 	select {
@@ -117,5 +86,62 @@ func TestPumpPG_StopEndsAClaimWaitingForItsTurn(t *testing.T) {
 	}
 	if leased != 0 {
 		t.Fatalf("%d rows leased to the stopped instance, want 0", leased)
+	}
+}
+
+// TestPumpPG_StopWaitsForItsClaimInTheDatabase: the pump's own claim is
+// held inside Postgres (sent, holding a turn). Stop with no deadline does
+// not give it up (the queue context ends only a wait before sending): it
+// returns once the claim does, and gives the rows back unstarted with no
+// attempt spent.
+func TestPumpPG_StopWaitsForItsClaimInTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := pgCoordinator(t)
+	items := make([]workpump.NewWork, 8)
+	for i := range items {
+		items[i] = workpump.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%02d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
+	}
+	if _, err := c.Enqueue(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	o := quietOptions()
+	o.ID = uuid.Must(uuid.NewV7())
+	hold, err := pgtest.Pauser{T: t, Schema: c.Schema()}.Arm(conformance.PauseClaimAfterCandidates, o.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := workpump.New(c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}, len(items))
+	p.Handle(driver.Outbox, "n", func(context.Context, workpump.Work) error { ran <- struct{}{}; return nil })
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := hold.Reached(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- p.Stop(context.Background()) }()
+	// A negative observation needs a window: a Stop that gave the claim up
+	// returns within a round trip.
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while its claim was held in the database", err)
+	case <-time.After(time.Second):
+	}
+	hold.Release()
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	var leased, spent int
+	if err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FILTER (WHERE instance_id IS NOT NULL), coalesce(sum(attempts), 0) FROM "`+
+		c.Schema()+`".`+migrations.Table(string(driver.Outbox))).Scan(&leased, &spent); err != nil {
+		t.Fatal(err)
+	}
+	if leased != 0 || spent != 0 || len(ran) != 0 {
+		t.Fatalf("after Stop: %d rows leased, %d attempts spent, %d handler runs; want none", leased, spent, len(ran))
 	}
 }

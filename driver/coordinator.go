@@ -155,10 +155,11 @@ type ClaimResult struct {
 // queueKey carries the context WithQueueContext attaches.
 type queueKey struct{}
 
-// WithQueueContext returns ctx carrying queue: a store that holds a call
-// in the process before it sends anything (a claim waiting for its turn)
-// gives that wait up when queue ends, and returns queue's error having
-// sent nothing. Once sent, the call runs under ctx alone. The claim loop
+// WithQueueContext returns ctx carrying queue: once queue has ended, a
+// store sends no new claim for the call. A claim waiting in the process
+// for its turn gives the wait up, and one not yet begun, or rolled back
+// and about to be sent again, is not sent; the call returns queue's error
+// (or the rollback's). A claim in the database runs under ctx alone. The claim loop
 // uses it to stop at once while its claim is still queued, and to let a
 // claim already in the database finish, since one cancelled there may
 // commit with its answer lost.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -212,7 +213,8 @@ type Core struct {
 	// claimTurns holds a token per ClaimWork call in the database (see
 	// Options.ClaimsAtOnce); nil when unbounded. Blocked senders queue in
 	// arrival order, so a waiting claim is never overtaken for long.
-	claimTurns chan struct{}
+	claimTurns   chan struct{}
+	claimsQueued atomic.Int32 // calls waiting for a turn
 
 	mu   sync.Mutex
 	dial Dialer // nil: poll-only

@@ -188,29 +188,43 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.C
 	if err := req.Validate(); err != nil {
 		return driver.ClaimResult{}, err
 	}
+	// A caller whose queue context has ended wants no new claim, even
+	// where a turn is free (the claim loop after Stop began).
+	queue := driver.QueueContext(ctx)
+	if err := queue.Err(); err != nil {
+		return driver.ClaimResult{}, err
+	}
 	var queued time.Duration
 	if c.claimTurns != nil {
-		if err := c.takeClaimTurn(ctx, &queued); err != nil {
+		if err := c.takeClaimTurn(ctx, queue, &queued); err != nil {
 			return driver.ClaimResult{}, err
 		}
 		defer func() { <-c.claimTurns }()
 	}
-	res, err := againIfRolledBack(ctx, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
+	// A claim rolled back (deadlock, serialization) committed nothing, so
+	// once the queue context ends it is not sent again.
+	res, err := againIfRolledBack(queue, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
 	res.Queued = queued
 	return res, err
 }
 
+// ClaimsQueued returns how many ClaimWork calls wait for their turn in
+// the process right now (Options.ClaimsAtOnce): a sign that the pumps
+// sharing this coordinator claim more often than the bound lets through.
+func (c *Core) ClaimsQueued() int { return int(c.claimsQueued.Load()) }
+
 // takeClaimTurn waits for one of the claim turns (Options.ClaimsAtOnce),
-// in arrival order, until ctx or its queue context (driver.QueueContext)
-// ends, and sets *queued to how long it waited.
-func (c *Core) takeClaimTurn(ctx context.Context, queued *time.Duration) error {
+// in arrival order, until ctx or its queue context q ends, and sets
+// *queued to how long it waited.
+func (c *Core) takeClaimTurn(ctx, q context.Context, queued *time.Duration) error {
 	select {
 	case c.claimTurns <- struct{}{}:
 		return nil
 	default:
 	}
 	start := time.Now()
-	q := driver.QueueContext(ctx)
+	c.claimsQueued.Add(1)
+	defer c.claimsQueued.Add(-1)
 	select {
 	case c.claimTurns <- struct{}{}:
 		*queued = time.Since(start)

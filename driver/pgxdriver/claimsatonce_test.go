@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -117,11 +116,28 @@ func TestClaimsAtOnce(t *testing.T) {
 			if !errors.Is(err, context.DeadlineExceeded) || len(res.Work) != 0 {
 				t.Fatalf("the extra claim while %d are held: %d rows, %v; want context.DeadlineExceeded and nothing", tc.held, len(res.Work), err)
 			}
+			// Claims whose queue context ends while they wait: each returns
+			// context.Canceled and gives back no turn it never took.
 			queue, cancelQueue := context.WithCancel(ctx)
+			queuedErrs := make(chan error, 20)
+			for range cap(queuedErrs) {
+				go func() {
+					res, err := c.ClaimWork(driver.WithQueueContext(ctx, queue), req(extra))
+					if err == nil {
+						err = fmt.Errorf("claimed %d rows", len(res.Work))
+					}
+					queuedErrs <- err
+				}()
+			}
+			waitQueued(t, c, cap(queuedErrs))
 			cancelQueue()
-			res, err = c.ClaimWork(driver.WithQueueContext(ctx, queue), req(extra))
-			if !errors.Is(err, context.Canceled) || len(res.Work) != 0 {
-				t.Fatalf("the extra claim whose queue context ended: %d rows, %v; want context.Canceled and nothing", len(res.Work), err)
+			for range cap(queuedErrs) {
+				if err := <-queuedErrs; !errors.Is(err, context.Canceled) {
+					t.Fatalf("a claim whose queue context ended while it waited: %v; want context.Canceled", err)
+				}
+			}
+			if n := c.ClaimsQueued(); n != 0 {
+				t.Fatalf("%d claims still counted as waiting", n)
 			}
 			if n := activeClaims(t, c); n != tc.held {
 				t.Fatalf("%d sessions run a claim while %d are held; want only those", n, tc.held)
@@ -132,12 +148,11 @@ func TestClaimsAtOnce(t *testing.T) {
 
 			// A claim that waits while the held ones finish runs then.
 			late := make(chan answer, 1)
-			asked := &valueSpy{Context: ctx, asked: make(chan struct{})}
 			go func() {
-				res, err := c.ClaimWork(asked, req(extra))
+				res, err := c.ClaimWork(ctx, req(extra))
 				late <- answer{res, err}
 			}()
-			<-asked.asked // it looks for its queue context: it waits for a turn
+			waitQueued(t, c, 1)
 			release()
 			got := <-late
 			if got.err != nil || len(got.res.Work) == 0 || got.res.Queued <= 0 {
@@ -150,18 +165,16 @@ func TestClaimsAtOnce(t *testing.T) {
 	}
 }
 
-// valueSpy closes asked at the first lookup of a context value: a claim
-// looks for its queue context (driver.QueueContext) only once it has to
-// wait for a turn.
-type valueSpy struct {
-	context.Context
-	once  sync.Once
-	asked chan struct{}
-}
-
-func (v *valueSpy) Value(key any) any {
-	v.once.Do(func() { close(v.asked) })
-	return v.Context.Value(key)
+// waitQueued returns once n claims wait for their turn in c.
+func waitQueued(t *testing.T, c *Coordinator, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for c.ClaimsQueued() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d claims wait for a turn, want %d", c.ClaimsQueued(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // activeClaims counts the sessions whose running statement calls the claim
@@ -184,4 +197,34 @@ func leasedTo(t *testing.T, c *Coordinator, inst uuid.UUID) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestClaimsAtOnce_EndedQueueSendsNothing: a claim whose queue context has
+// already ended sends nothing, even with a turn free (and with no bound):
+// the claim loop makes no new claim once Stop has begun.
+func TestClaimsAtOnce_EndedQueueSendsNothing(t *testing.T) {
+	for _, bound := range []int{0, -1} {
+		t.Run(fmt.Sprint(bound), func(t *testing.T) {
+			ctx := context.Background()
+			c := reopen(t, newTestCoordinator(t, false, nil, 0), func(o *Options) { o.ClaimsAtOnce = bound })
+			inst := uuid.Must(uuid.NewV7())
+			register(t, c, inst)
+			if _, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: "s", Name: "n", MessageType: "T", Payload: []byte("p")}}); err != nil {
+				t.Fatal(err)
+			}
+			queue, cancel := context.WithCancel(ctx)
+			cancel()
+			req := driver.ClaimRequest{InstanceID: inst, Categories: []driver.Category{driver.Outbox}, Lease: time.Minute, MaxPerCategory: 10}
+			res, err := c.ClaimWork(driver.WithQueueContext(ctx, queue), req)
+			if !errors.Is(err, context.Canceled) || len(res.Work) != 0 {
+				t.Fatalf("claim with its queue context ended: %d rows, %v; want context.Canceled and nothing", len(res.Work), err)
+			}
+			if n := leasedTo(t, c, inst); n != 0 {
+				t.Fatalf("%d rows leased, want 0", n)
+			}
+			if res, err := c.ClaimWork(ctx, req); err != nil || len(res.Work) != 1 {
+				t.Fatalf("the same claim without it: %d rows, %v; want the row", len(res.Work), err)
+			}
+		})
+	}
 }
