@@ -11,9 +11,23 @@ import (
 	"github.com/workpump/workpump"
 	"github.com/workpump/workpump/conformance"
 	"github.com/workpump/workpump/driver"
+	"github.com/workpump/workpump/driver/pgxdriver"
 	"github.com/workpump/workpump/internal/pgtest"
 	"github.com/workpump/workpump/migrations"
 )
+
+// enqueueOnePerStream enqueues n outbox items named "n", each on a stream
+// of its own.
+func enqueueOnePerStream(t *testing.T, c *pgxdriver.Coordinator, n int) {
+	t.Helper()
+	items := make([]workpump.NewWork, n)
+	for i := range items {
+		items[i] = workpump.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%02d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
+	}
+	if _, err := c.Enqueue(context.Background(), items); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // TestPumpPG_StopEndsAClaimWaitingForItsTurn: two claims of other
 // instances are held inside the database, so a pump sharing their
@@ -26,13 +40,7 @@ func TestPumpPG_StopEndsAClaimWaitingForItsTurn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := pgCoordinator(t)
-	items := make([]workpump.NewWork, 64)
-	for i := range items {
-		items[i] = workpump.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%02d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
-	}
-	if _, err := c.Enqueue(ctx, items); err != nil {
-		t.Fatal(err)
-	}
+	enqueueOnePerStream(t, c, 64)
 	for range 2 {
 		id := uuid.Must(uuid.NewV7())
 		if _, err := c.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: id, ServiceName: "held"},
@@ -98,13 +106,7 @@ func TestPumpPG_StopWaitsForItsClaimInTheDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := pgCoordinator(t)
-	items := make([]workpump.NewWork, 8)
-	for i := range items {
-		items[i] = workpump.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%02d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
-	}
-	if _, err := c.Enqueue(ctx, items); err != nil {
-		t.Fatal(err)
-	}
+	enqueueOnePerStream(t, c, 8)
 	o := quietOptions()
 	o.ID = uuid.Must(uuid.NewV7())
 	hold, err := pgtest.Pauser{T: t, Schema: c.Schema()}.Arm(conformance.PauseClaimAfterCandidates, o.ID)
@@ -115,7 +117,7 @@ func TestPumpPG_StopWaitsForItsClaimInTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ran := make(chan struct{}, len(items))
+	ran := make(chan struct{}, 8)
 	p.Handle(driver.Outbox, "n", func(context.Context, workpump.Work) error { ran <- struct{}{}; return nil })
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
