@@ -159,10 +159,10 @@ type queueKey struct{}
 // store sends no new claim for the call. A claim waiting in the process
 // for its turn gives the wait up, and one not yet begun, or rolled back
 // and about to be sent again, is not sent; the call returns queue's error
-// (or the rollback's). A claim in the database runs under ctx alone. The claim loop
-// uses it to stop at once while its claim is still queued, and to let a
-// claim already in the database finish, since one cancelled there may
-// commit with its answer lost.
+// (or the rollback's). A claim in the database runs under ctx alone. The
+// claim loop uses it to stop at once while its claim is still queued, and
+// to let a claim already in the database finish, since one cancelled
+// there may commit with its answer lost.
 func WithQueueContext(ctx, queue context.Context) context.Context {
 	return context.WithValue(ctx, queueKey{}, queue)
 }

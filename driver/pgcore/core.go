@@ -58,12 +58,11 @@ type Options struct {
 	// the process, in arrival order, and a call whose context, or queue
 	// context (driver.WithQueueContext), ends while it waits returns that
 	// context's error having sent nothing; ClaimResult.Queued reports the
-	// wait. Several pumps
-	// sharing one coordinator then take turns for their claims: a claim
-	// that waits inside Postgres instead (on a lock, or for a CPU the other
-	// claims hold) keeps its snapshot open, which holds back the horizon
-	// below which the rows that claims and completions leave behind can be
-	// pruned, and every later scan pays for them. Two at once rather than
+	// wait. Several pumps sharing one coordinator then take turns for their
+	// claims: a claim that waits inside Postgres instead (on a lock, or for
+	// a CPU the other claims hold) keeps its snapshot open, which holds back
+	// the horizon below which the rows that claims and completions leave
+	// behind can be pruned, and every later scan pays for them. Two at once rather than
 	// one: while one claim's rows travel back and its transaction commits,
 	// the next runs in the database. 0 means 2; a negative value sets no
 	// bound. Claims of other processes are not counted; the claim loop's
