@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,11 +61,16 @@ type Options struct {
 	// claims: a claim that waits inside Postgres instead (on a lock, or for
 	// a CPU the other claims hold) keeps its snapshot open, which holds back
 	// the horizon below which the rows that claims and completions leave
-	// behind can be pruned, and every later scan pays for them. Two at once rather than
-	// one: while one claim's rows travel back and its transaction commits,
-	// the next runs in the database. 0 means 2; a negative value sets no
-	// bound. Claims of other processes are not counted; the claim loop's
-	// pacing spaces out every claim that overlaps another.
+	// behind can be pruned, and every later scan pays for them.
+	// 0, the default, adapts: two at once while this coordinator claims
+	// alone (while one claim's rows travel back and its transaction
+	// commits, the next runs in the database), and one at once for a
+	// second after one of its claims ran beside a claim it did not send,
+	// from another process: every process counts only its own claims, so
+	// with several processes claiming each one's second claim would only
+	// add to those running in the database. A positive value is a fixed
+	// bound; a negative value sets none. The claim loop's pacing spaces
+	// out every claim that overlaps another.
 	ClaimsAtOnce int
 	// EnqueueCopyThreshold is the batch size from which Enqueue writes new
 	// items with COPY instead of wp_enqueue's INSERT, where the client has
@@ -116,7 +120,7 @@ const (
 	defaultPing         = 15 * time.Second
 	defaultLockRetry    = time.Second
 	defaultSignalBuffer = 64
-	defaultClaimsAtOnce = 2
+	defaultClaimsAtOnce = 2 // the automatic bound while a coordinator claims alone
 )
 
 // WithDefaults validates o and returns it with every default filled in.
@@ -163,9 +167,6 @@ func (o Options) WithDefaults() (Options, error) {
 	case o.SignalBuffer == 0:
 		o.SignalBuffer = defaultSignalBuffer
 	}
-	if o.ClaimsAtOnce == 0 {
-		o.ClaimsAtOnce = defaultClaimsAtOnce
-	}
 	o.EnqueueCopyThreshold = copyThreshold(o.EnqueueCopyThreshold)
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -209,11 +210,9 @@ type Core struct {
 	opts Options
 	log  hclog.Logger
 	sql  statements
-	// claimTurns holds a token per ClaimWork call in the database (see
-	// Options.ClaimsAtOnce); nil when unbounded. Blocked senders queue in
-	// arrival order, so a waiting claim is never overtaken for long.
-	claimTurns   chan struct{}
-	claimsQueued atomic.Int32 // calls waiting for a turn
+	// turns hands out the turns of Options.ClaimsAtOnce; nil when
+	// unbounded. Waiting claims are served in arrival order.
+	turns *claimTurns
 
 	mu   sync.Mutex
 	dial Dialer // nil: poll-only
@@ -251,8 +250,11 @@ func New(cl Client, opts Options) (*Core, error) {
 		sql:  newStatements(o.Schema, cl.Dialect, o.SynchronousAcks, o.AsynchronousClaims),
 		subs: make(map[uuid.UUID][]*subscription),
 	}
-	if o.ClaimsAtOnce > 0 {
-		c.claimTurns = make(chan struct{}, o.ClaimsAtOnce)
+	switch {
+	case o.ClaimsAtOnce == 0:
+		c.turns = newClaimTurns(defaultClaimsAtOnce, true, time.Now)
+	case o.ClaimsAtOnce > 0:
+		c.turns = newClaimTurns(o.ClaimsAtOnce, false, time.Now)
 	}
 	switch {
 	case o.DisableListener:

@@ -181,7 +181,7 @@ func (c *Core) enqueueCopy(ctx context.Context, q Querier, own bool, ids []uuid.
 
 // ClaimWork leases claimable rows to req.InstanceID (one round trip; see
 // wp_claim_work for the rules). With nothing claimable it writes nothing.
-func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (res driver.ClaimResult, err error) {
 	if err := ctx.Err(); err != nil {
 		return driver.ClaimResult{}, err
 	}
@@ -195,15 +195,17 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.C
 		return driver.ClaimResult{}, err
 	}
 	var queued time.Duration
-	if c.claimTurns != nil {
-		if err := c.takeClaimTurn(ctx, queue, &queued); err != nil {
-			return driver.ClaimResult{}, err
+	if c.turns != nil {
+		t, waited, terr := c.turns.take(ctx, queue)
+		if terr != nil {
+			return driver.ClaimResult{}, terr
 		}
-		defer func() { <-c.claimTurns }()
+		queued = waited
+		defer func() { c.turns.giveBack(t, err == nil && res.Overlapped) }()
 	}
 	// A claim rolled back (deadlock, serialization) committed nothing, so
 	// once the queue context ends it is not sent again.
-	res, err := againIfRolledBack(queue, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
+	res, err = againIfRolledBack(queue, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
 	res.Queued = queued
 	return res, err
 }
@@ -211,29 +213,11 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.C
 // ClaimsQueued returns how many ClaimWork calls wait for their turn in
 // the process right now (Options.ClaimsAtOnce): a sign that the pumps
 // sharing this coordinator claim more often than the bound lets through.
-func (c *Core) ClaimsQueued() int { return int(c.claimsQueued.Load()) }
-
-// takeClaimTurn waits for one of the claim turns (Options.ClaimsAtOnce),
-// in arrival order, until ctx or its queue context q ends, and sets
-// *queued to how long it waited.
-func (c *Core) takeClaimTurn(ctx, q context.Context, queued *time.Duration) error {
-	select {
-	case c.claimTurns <- struct{}{}:
-		return nil
-	default:
+func (c *Core) ClaimsQueued() int {
+	if c.turns == nil {
+		return 0
 	}
-	start := time.Now()
-	c.claimsQueued.Add(1)
-	defer c.claimsQueued.Add(-1)
-	select {
-	case c.claimTurns <- struct{}{}:
-		*queued = time.Since(start)
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-q.Done():
-		return q.Err()
-	}
+	return int(c.turns.queued.Load())
 }
 
 func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {

@@ -228,3 +228,108 @@ func TestClaimsAtOnce_EndedQueueSendsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimsAtOnce_OneBesideAnotherProcess: with the automatic bound, a
+// coordinator runs two claims at once until one of its claims, alone in
+// its process, runs beside a claim of another coordinator (another
+// process, held at its pause point); from then on a third instance's claim
+// waits while a second one is in the database. A fixed bound of two keeps
+// letting it through.
+func TestClaimsAtOnce_OneBesideAnotherProcess(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		bound int
+		drops bool
+	}{{"automatic", 0, true}, {"fixed two", 2, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			base := newTestCoordinator(t, false, nil, 0)
+			other := reopen(t, base, func(o *Options) { o.ClaimsAtOnce = -1 })
+			mine := reopen(t, base, func(o *Options) { o.ClaimsAtOnce = tc.bound })
+			peer, a1, a2, a3 := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+			for _, id := range []uuid.UUID{peer, a1, a2, a3} {
+				register(t, base, id)
+			}
+			items := make([]driver.NewWork, 400)
+			for i := range items {
+				items[i] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%03d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
+			}
+			if _, err := base.Enqueue(ctx, items); err != nil {
+				t.Fatal(err)
+			}
+			req := func(id uuid.UUID) driver.ClaimRequest {
+				return driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox}, Lease: time.Minute, MaxPerCategory: 10}
+			}
+			type answer struct {
+				res driver.ClaimResult
+				err error
+			}
+			// arm sets the pause point of id's claims; hold then sends a
+			// claim through c and returns once it waits there.
+			arm := func(c *Coordinator, id uuid.UUID) conformance.Pause {
+				t.Helper()
+				p, err := pgtest.Pauser{T: t, Schema: c.Schema()}.Arm(conformance.PauseClaimAfterCandidates, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}
+			hold := func(c *Coordinator, id uuid.UUID, p conformance.Pause) (release func()) {
+				t.Helper()
+				done := make(chan answer, 1)
+				go func() {
+					res, err := c.ClaimWork(ctx, req(id))
+					done <- answer{res, err}
+				}()
+				if err := p.Reached(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return func() {
+					p.Release()
+					got := <-done
+					if got.err != nil || len(got.res.Work) == 0 {
+						t.Fatalf("held claim of %v: %d rows, %v", id, len(got.res.Work), got.err)
+					}
+				}
+			}
+			pauseA2 := arm(mine, a2)
+
+			// The other process's claim is in the database; a claim of
+			// mine, alone in its process, runs beside it.
+			releasePeer := hold(other, peer, arm(other, peer))
+			res, err := mine.ClaimWork(ctx, req(a1))
+			if err != nil || len(res.Work) == 0 || !res.Overlapped {
+				t.Fatalf("a1's claim beside the other process's: %d rows, overlapped %v, %v; want rows, overlapped", len(res.Work), res.Overlapped, err)
+			}
+			releasePeer()
+
+			// One of mine in the database; does a second one get through?
+			// (The automatic bound stays at one for a second after a1's
+			// claim; a3's claim is sent well within it.)
+			releaseA2 := hold(mine, a2, pauseA2)
+			third := make(chan error, 1)
+			go func() {
+				res, err := mine.ClaimWork(ctx, req(a3))
+				if err == nil && len(res.Work) == 0 {
+					err = errors.New("no rows")
+				}
+				third <- err
+			}()
+			if tc.drops {
+				waitQueued(t, mine, 1)
+				if n := activeClaims(t, mine); n != 1 {
+					t.Fatalf("%d claims in the database, want only a2's held one", n)
+				}
+				releaseA2()
+				if err := <-third; err != nil {
+					t.Fatalf("a3's claim after a2's: %v", err)
+				}
+				return
+			}
+			if err := <-third; err != nil {
+				t.Fatalf("a3's claim beside a2's held one: %v", err)
+			}
+			releaseA2()
+		})
+	}
+}

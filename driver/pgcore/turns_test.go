@@ -1,0 +1,242 @@
+package pgcore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeNow is a clock the test moves by hand.
+type fakeNow struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (f *fakeNow) now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.t
+}
+
+func (f *fakeNow) add(d time.Duration) {
+	f.mu.Lock()
+	f.t = f.t.Add(d)
+	f.mu.Unlock()
+}
+
+// mustTake takes a turn that must be free.
+func mustTake(t *testing.T, ct *claimTurns) *turn {
+	t.Helper()
+	tk, waited, err := ct.take(context.Background(), context.Background())
+	if err != nil || waited != 0 {
+		t.Fatalf("take: waited %v, %v; want a free turn", waited, err)
+	}
+	return tk
+}
+
+// queues reports whether a take waits now: it gives up at once and must
+// return its context's error.
+func queues(t *testing.T, ct *claimTurns) bool {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	tk, _, err := ct.take(context.Background(), ctx)
+	if err == nil {
+		ct.giveBack(tk, false)
+		return false
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("take: %v", err)
+	}
+	if n := ct.queued.Load(); n != 0 {
+		t.Fatalf("%d waiters left after a take gave up", n)
+	}
+	return true
+}
+
+// TestClaimTurns_AutomaticBound: two turns at once until a claim that ran
+// alone in the process saw another claim beside it in the database; then
+// one, for sharedHold after the last such claim; then two again.
+func TestClaimTurns_AutomaticBound(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1000, 0)}
+	ct := newClaimTurns(2, true, clock.now)
+
+	a, b := mustTake(t, ct), mustTake(t, ct)
+	if !queues(t, ct) {
+		t.Fatal("a third turn was free with the bound at two")
+	}
+	// b ran beside a, which held the marker: its own process's claim, no
+	// sign of another process.
+	ct.giveBack(b, true)
+	ct.giveBack(a, false)
+	a, b = mustTake(t, ct), mustTake(t, ct)
+	ct.giveBack(a, false)
+	ct.giveBack(b, false)
+
+	// A claim alone in the process that ran beside another claim.
+	lone := mustTake(t, ct)
+	ct.giveBack(lone, true)
+	a = mustTake(t, ct)
+	if !queues(t, ct) {
+		t.Fatal("a second turn was free right after a lone claim ran beside another process's")
+	}
+	clock.add(sharedHold - time.Millisecond)
+	if !queues(t, ct) {
+		t.Fatal("a second turn was free before sharedHold passed")
+	}
+	// Another such claim extends the hold.
+	ct.giveBack(a, true)
+	a = mustTake(t, ct)
+	clock.add(sharedHold - time.Millisecond)
+	if !queues(t, ct) {
+		t.Fatal("a second turn was free before sharedHold passed since the last overlap")
+	}
+	clock.add(time.Millisecond)
+	b = mustTake(t, ct)
+	ct.giveBack(a, false)
+	ct.giveBack(b, false)
+}
+
+// TestClaimTurns_OverlapWithItsOwnClaimsKeepsTwo: an overlap that a claim
+// of its own process may explain tells nothing about other processes:
+// one out when it was sent, or one sent while it was out (it may have
+// reached the database first), held the marker.
+func TestClaimTurns_OverlapWithItsOwnClaimsKeepsTwo(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1000, 0)}
+	ct := newClaimTurns(2, true, clock.now)
+
+	// The earlier claim held the marker; it reports after the later one.
+	a, b := mustTake(t, ct), mustTake(t, ct)
+	ct.giveBack(b, true)
+	ct.giveBack(a, false)
+	// The later claim held the marker (it overtook the earlier one).
+	a, b = mustTake(t, ct), mustTake(t, ct)
+	ct.giveBack(b, false)
+	ct.giveBack(a, true)
+	// The same, the earlier claim reporting first: its overlap waits for
+	// the later claim's report.
+	a, b = mustTake(t, ct), mustTake(t, ct)
+	ct.giveBack(a, true)
+	ct.giveBack(b, false)
+
+	a, b = mustTake(t, ct), mustTake(t, ct)
+	if !queues(t, ct) {
+		t.Fatal("a third turn was free with the bound at two")
+	}
+	ct.giveBack(a, false)
+	ct.giveBack(b, false)
+}
+
+// TestClaimTurns_OverlapBesideItsOwnNonHolders: overlaps of claims that
+// ran beside each other count once every one of them reported one: none
+// held the marker, so another process's claim did.
+func TestClaimTurns_OverlapBesideItsOwnNonHolders(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1000, 0)}
+	ct := newClaimTurns(2, true, clock.now)
+	a, b := mustTake(t, ct), mustTake(t, ct)
+	ct.giveBack(b, true) // waits for a
+	c := mustTake(t, ct)
+	ct.giveBack(c, false)
+	c = mustTake(t, ct) // the bound is still two: a has not reported
+	ct.giveBack(a, true)
+	if !queues(t, ct) {
+		t.Fatal("a second turn was free after claims that all reported overlaps")
+	}
+	ct.giveBack(c, false)
+	c = mustTake(t, ct)
+	if !queues(t, ct) {
+		t.Fatal("a second turn was free after claims that all reported overlaps")
+	}
+	ct.giveBack(c, false)
+}
+
+// TestClaimTurns_FixedBound: a bound set by hand stays whatever the claims
+// ran beside.
+func TestClaimTurns_FixedBound(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1000, 0)}
+	ct := newClaimTurns(2, false, clock.now)
+	lone := mustTake(t, ct)
+	ct.giveBack(lone, true)
+	a, b := mustTake(t, ct), mustTake(t, ct)
+	if !queues(t, ct) {
+		t.Fatal("a third turn was free with the bound at two")
+	}
+	ct.giveBack(a, false)
+	ct.giveBack(b, false)
+}
+
+// TestClaimTurns_WaitersInArrivalOrder: turns given back go to the waiters
+// first come first, each reporting its wait; a waiter that gave up is
+// skipped, and one granted a turn as it gave up hands the turn on.
+func TestClaimTurns_WaitersInArrivalOrder(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1000, 0)}
+	ct := newClaimTurns(1, false, clock.now)
+	held := mustTake(t, ct)
+
+	type got struct {
+		i   int
+		err error
+	}
+	order := make(chan got, 3)
+	ctxs := make([]context.CancelFunc, 3)
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		ctxs[i] = cancel
+		go func() {
+			tk, waited, err := ct.take(context.Background(), ctx)
+			if err == nil {
+				if waited <= 0 {
+					err = errors.New("a granted waiter reported no wait")
+				}
+				ct.giveBack(tk, false)
+			}
+			order <- got{i, err}
+		}()
+		for ct.queued.Load() != int32(i+1) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	ctxs[1]()
+	if g := <-order; g.i != 1 || !errors.Is(g.err, context.Canceled) {
+		t.Fatalf("the waiter that gave up: %d, %v", g.i, g.err)
+	}
+	ct.giveBack(held, false)
+	for _, want := range []int{0, 2} {
+		if g := <-order; g.i != want || g.err != nil {
+			t.Fatalf("served waiter %d (%v), want %d", g.i, g.err, want)
+		}
+	}
+	for _, c := range ctxs {
+		c()
+	}
+
+	// Granted while giving up: the turn goes to the next waiter.
+	held = mustTake(t, ct)
+	w := &turnWaiter{ready: make(chan struct{})}
+	ct.mu.Lock()
+	ct.waiting = append(ct.waiting, w)
+	ct.queued.Add(1)
+	ct.mu.Unlock()
+	next := make(chan error, 1)
+	go func() {
+		tk, _, err := ct.take(context.Background(), context.Background())
+		if err == nil {
+			ct.giveBack(tk, false)
+		}
+		next <- err
+	}()
+	for ct.queued.Load() != 2 {
+		time.Sleep(time.Millisecond)
+	}
+	ct.giveBack(held, false) // granted to w, whose take gives up as it is
+	<-w.ready
+	ct.abandon(w)
+	if err := <-next; err != nil {
+		t.Fatalf("the waiter after one that gave up its granted turn: %v", err)
+	}
+	if n := len(ct.out); n != 0 {
+		t.Fatalf("%d turns out after every claim gave its turn back", n)
+	}
+}
