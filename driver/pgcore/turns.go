@@ -14,6 +14,12 @@ import (
 // long after the others fall idle or leave.
 const sharedHold = time.Second
 
+// relatedCap bounds the turns one turn keeps track of. A claim that stays
+// out long (a hung connection) while others come and go would otherwise
+// collect every one of them; past the cap its own overlap does not count,
+// nor do the overlaps that would have waited for its report.
+const relatedCap = 64
+
 // claimTurns hands out the turns of Options.ClaimsAtOnce in arrival order.
 //
 // With the automatic bound, a process that claims alone runs two claims
@@ -29,8 +35,9 @@ type claimTurns struct {
 	now  func() time.Time
 
 	mu      sync.Mutex
-	out     []*turn   // turns taken and not given back
-	shared  time.Time // the automatic bound is one until then
+	out     []*turn     // turns taken and not given back
+	shared  time.Time   // the automatic bound is one until then
+	rise    *time.Timer // grants waiting turns when shared has passed
 	waiting []*turnWaiter
 	queued  atomic.Int32 // len(waiting), for ClaimsQueued
 }
@@ -44,6 +51,7 @@ type claimTurns struct {
 // its overlap counts once every such claim has reported an overlap too.
 type turn struct {
 	related   []*turn // of this process: out when it was taken, or taken while it was out
+	crowded   bool    // more were than relatedCap: its overlap does not count
 	done      bool    // given back
 	notHolder bool    // its claim reported an overlap: it held no marker
 	// An overlap waiting for the verdict of related turns still out:
@@ -75,7 +83,11 @@ func (ct *claimTurns) takeLocked() *turn {
 	if ct.auto {
 		t.related = append(t.related, ct.out...)
 		for _, o := range ct.out {
-			o.related = append(o.related, t)
+			if len(o.related) < relatedCap {
+				o.related = append(o.related, t)
+			} else {
+				o.crowded = true
+			}
 		}
 	}
 	ct.out = append(ct.out, t)
@@ -86,6 +98,9 @@ func (ct *claimTurns) takeLocked() *turn {
 // returns it with how long it waited.
 func (ct *claimTurns) take(ctx, q context.Context) (*turn, time.Duration, error) {
 	ct.mu.Lock()
+	// (The bound may have risen since the last grant: serve the queue
+	// first.)
+	ct.grantLocked()
 	if len(ct.waiting) == 0 && len(ct.out) < ct.limit() {
 		t := ct.takeLocked()
 		ct.mu.Unlock()
@@ -129,39 +144,59 @@ func (ct *claimTurns) abandon(w *turnWaiter) {
 }
 
 // giveBack returns t. overlapped says its claim reported running beside
-// another claim (driver.ClaimResult.Overlapped); with the automatic bound,
-// an overlap that no claim of this process explains (see turn) drops the
-// bound to one for sharedHold.
+// another claim (driver.ClaimResult.Overlapped), and no earlier attempt of
+// it ran (an attempt rolled back and run again may have held the marker);
+// with the automatic bound, an overlap that no claim of this process
+// explains (see turn) drops the bound to one for sharedHold.
 func (ct *claimTurns) giveBack(t *turn, overlapped bool) {
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
 	t.notHolder = overlapped
 	if ct.auto && overlapped {
+		t.rejected = t.crowded
 		for _, r := range t.related {
 			switch {
-			case !r.done:
+			case !r.done && len(r.resolves) < relatedCap:
 				t.pending++
 				r.resolves = append(r.resolves, t)
-			case !r.notHolder:
+			case !r.done || !r.notHolder:
 				t.rejected = true
 			}
 		}
 		if t.pending == 0 && !t.rejected {
-			ct.shared = ct.now().Add(sharedHold)
+			ct.shareLocked()
 		}
 	}
 	ct.giveBackLocked(t)
 }
 
+// shareLocked drops the automatic bound to one for sharedHold, and has
+// the waiting turns granted when it rises again; mu held.
+func (ct *claimTurns) shareLocked() {
+	ct.shared = ct.now().Add(sharedHold)
+	if ct.rise == nil {
+		ct.rise = time.AfterFunc(sharedHold, ct.grant)
+	} else {
+		ct.rise.Reset(sharedHold)
+	}
+}
+
+// grant grants waiting turns the bound lets through.
+func (ct *claimTurns) grant() {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	ct.grantLocked()
+}
+
 // giveBackLocked frees t's turn, settles the overlaps that waited for it,
-// and grants waiting turns, first come first; mu held.
+// and grants waiting turns; mu held.
 func (ct *claimTurns) giveBackLocked(t *turn) {
 	t.done = true
 	for _, x := range t.resolves {
 		x.pending--
 		x.rejected = x.rejected || !t.notHolder
 		if x.pending == 0 && !x.rejected {
-			ct.shared = ct.now().Add(sharedHold)
+			ct.shareLocked()
 		}
 	}
 	t.related, t.resolves = nil, nil
@@ -171,6 +206,12 @@ func (ct *claimTurns) giveBackLocked(t *turn) {
 			break
 		}
 	}
+	ct.grantLocked()
+}
+
+// grantLocked grants waiting turns, first come first, while the bound
+// lets them through; mu held.
+func (ct *claimTurns) grantLocked() {
 	for len(ct.waiting) > 0 && len(ct.out) < ct.limit() {
 		w := ct.waiting[0]
 		ct.waiting = ct.waiting[1:]

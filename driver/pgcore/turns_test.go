@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -190,7 +191,11 @@ func TestClaimTurns_WaitersInArrivalOrder(t *testing.T) {
 				if waited <= 0 {
 					err = errors.New("a granted waiter reported no wait")
 				}
+				// Reported before the turn goes back (and on to the next
+				// waiter), so the reports come in the order of the grants.
+				order <- got{i, err}
 				ct.giveBack(tk, false)
+				return
 			}
 			order <- got{i, err}
 		}()
@@ -239,4 +244,90 @@ func TestClaimTurns_WaitersInArrivalOrder(t *testing.T) {
 	if n := len(ct.out); n != 0 {
 		t.Fatalf("%d turns out after every claim gave its turn back", n)
 	}
+}
+
+// TestClaimTurns_BoundRisesWithClaimsWaiting: claims queued while the
+// automatic bound was one are granted when it rises back to two, with no
+// claim given back meanwhile (the held one may run long), and a claim
+// that arrives after it rose finds the queue served first.
+func TestClaimTurns_BoundRisesWithClaimsWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ct := newClaimTurns(2, true, time.Now)
+		lone := mustTake(t, ct)
+		ct.giveBack(lone, true)
+		held := mustTake(t, ct)
+		granted := make(chan time.Duration, 1)
+		go func() {
+			tk, waited, err := ct.take(context.Background(), context.Background())
+			if err != nil {
+				t.Errorf("take: %v", err)
+			}
+			granted <- waited
+			ct.giveBack(tk, false)
+		}()
+		synctest.Wait()
+		if n := ct.queued.Load(); n != 1 {
+			t.Fatalf("%d claims wait, want 1", n)
+		}
+		time.Sleep(sharedHold)
+		synctest.Wait()
+		select {
+		case waited := <-granted:
+			if waited != sharedHold {
+				t.Fatalf("the queued claim waited %v, want %v", waited, sharedHold)
+			}
+		default:
+			t.Fatal("the queued claim still waits after the bound rose")
+		}
+		ct.giveBack(held, false)
+	})
+
+	clock := &fakeNow{t: time.Unix(1000, 0)}
+	ct := newClaimTurns(2, true, clock.now)
+	lone := mustTake(t, ct)
+	ct.giveBack(lone, true)
+	held := mustTake(t, ct)
+	granted := make(chan *turn, 1)
+	go func() {
+		tk, _, err := ct.take(context.Background(), context.Background())
+		if err != nil {
+			t.Errorf("take: %v", err)
+		}
+		granted <- tk
+	}()
+	for ct.queued.Load() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	clock.add(sharedHold) // (the timer runs on the real clock, later)
+	if !queues(t, ct) {
+		t.Fatal("a third turn was free with two out")
+	}
+	first := <-granted
+	ct.giveBack(first, false)
+	ct.giveBack(held, false)
+}
+
+// TestClaimTurns_LongClaimKeepsTrackOfFew: a claim that stays out while
+// many others come and go keeps track of at most relatedCap of them; the
+// overlaps of the others are settled by its report (here: it held the
+// marker, so none of them counts).
+func TestClaimTurns_LongClaimKeepsTrackOfFew(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1000, 0)}
+	ct := newClaimTurns(2, true, clock.now)
+	long := mustTake(t, ct)
+	for range 10 * relatedCap {
+		o := mustTake(t, ct)
+		ct.giveBack(o, true) // waits for long's report, or is rejected
+	}
+	if len(long.related) > relatedCap || len(long.resolves) > relatedCap {
+		t.Fatalf("the long claim keeps %d related turns and %d waiting overlaps; want at most %d each",
+			len(long.related), len(long.resolves), relatedCap)
+	}
+	if !long.crowded {
+		t.Fatal("the long claim is not marked crowded")
+	}
+	ct.giveBack(long, false)
+	a, b := mustTake(t, ct), mustTake(t, ct)
+	ct.giveBack(a, false)
+	ct.giveBack(b, false)
 }

@@ -195,17 +195,23 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (res driv
 		return driver.ClaimResult{}, err
 	}
 	var queued time.Duration
+	attempts := 0
 	if c.turns != nil {
 		t, waited, terr := c.turns.take(ctx, queue)
 		if terr != nil {
 			return driver.ClaimResult{}, terr
 		}
 		queued = waited
-		defer func() { c.turns.giveBack(t, err == nil && res.Overlapped) }()
+		// (An attempt rolled back before the last may have held the claim
+		// marker: the last one's overlap then tells nothing.)
+		defer func() { c.turns.giveBack(t, err == nil && res.Overlapped && attempts == 1) }()
 	}
 	// A claim rolled back (deadlock, serialization) committed nothing, so
 	// once the queue context ends it is not sent again.
-	res, err = againIfRolledBack(queue, func() (driver.ClaimResult, error) { return c.claim(ctx, req) })
+	res, err = againIfRolledBack(queue, func() (driver.ClaimResult, error) {
+		attempts++
+		return c.claim(ctx, req)
+	})
 	res.Queued = queued
 	return res, err
 }

@@ -234,13 +234,15 @@ func TestClaimsAtOnce_EndedQueueSendsNothing(t *testing.T) {
 // its process, runs beside a claim of another coordinator (another
 // process, held at its pause point); from then on a third instance's claim
 // waits while a second one is in the database. A fixed bound of two keeps
-// letting it through.
+// letting it through, and so does the automatic one when the overlapping
+// claim was rolled back and run again.
 func TestClaimsAtOnce_OneBesideAnotherProcess(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		bound int
+		retry bool // a1's claim is rolled back once and run again
 		drops bool
-	}{{"automatic", 0, true}, {"fixed two", 2, false}} {
+	}{{"automatic", 0, false, true}, {"fixed two", 2, false, false}, {"automatic, a1's claim run again", 0, true, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			base := newTestCoordinator(t, false, nil, 0)
@@ -293,6 +295,12 @@ func TestClaimsAtOnce_OneBesideAnotherProcess(t *testing.T) {
 				}
 			}
 			pauseA2 := arm(mine, a2)
+			if tc.retry {
+				// a1's first attempt fails as a lost deadlock would; the
+				// driver runs it again. An earlier attempt may have held
+				// the marker, so the last one's overlap does not count.
+				failOnce(t, base, a1)
+			}
 
 			// The other process's claim is in the database; a claim of
 			// mine, alone in its process, runs beside it.
@@ -310,8 +318,12 @@ func TestClaimsAtOnce_OneBesideAnotherProcess(t *testing.T) {
 			third := make(chan error, 1)
 			go func() {
 				res, err := mine.ClaimWork(ctx, req(a3))
-				if err == nil && len(res.Work) == 0 {
+				switch {
+				case err != nil:
+				case len(res.Work) == 0:
 					err = errors.New("no rows")
+				case !tc.drops && res.Queued != 0:
+					err = fmt.Errorf("it waited %v for a turn", res.Queued)
 				}
 				third <- err
 			}()
@@ -326,10 +338,36 @@ func TestClaimsAtOnce_OneBesideAnotherProcess(t *testing.T) {
 				}
 				return
 			}
-			if err := <-third; err != nil {
+			err = <-third
+			releaseA2()
+			if err != nil {
 				t.Fatalf("a3's claim beside a2's held one: %v", err)
 			}
-			releaseA2()
 		})
 	}
+}
+
+// failOnce makes the first update of a row leased to inst fail with a
+// deadlock's SQLSTATE (40P01), as a claim that lost a deadlock would.
+func failOnce(t *testing.T, c *Coordinator, inst uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	sch := `"` + c.Schema() + `"`
+	tbl := sch + `.` + migrations.Table(string(driver.Outbox))
+	for _, q := range []string{
+		`CREATE SEQUENCE ` + sch + `.test_fail_once`,
+		`CREATE FUNCTION ` + sch + `.test_fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.instance_id = '` + inst.String() + `'::uuid AND nextval('` + sch + `.test_fail_once') = 1 THEN
+				RAISE EXCEPTION 'test: a lost deadlock' USING ERRCODE = '40P01';
+			END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER test_fail_once BEFORE UPDATE ON ` + tbl + ` FOR EACH ROW EXECUTE FUNCTION ` + sch + `.test_fail_once()`,
+	} {
+		if _, err := c.Pool().Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _, _ = c.Pool().Exec(ctx, `DROP TRIGGER IF EXISTS test_fail_once ON `+tbl) })
 }
