@@ -369,5 +369,17 @@ func failOnce(t *testing.T, c *Coordinator, inst uuid.UUID) {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { _, _ = c.Pool().Exec(ctx, `DROP TRIGGER IF EXISTS test_fail_once ON `+tbl) })
+	// The schema is reused by later tests, whose schema check would find
+	// these objects.
+	t.Cleanup(func() {
+		for _, q := range []string{
+			`DROP TRIGGER IF EXISTS test_fail_once ON ` + tbl,
+			`DROP FUNCTION IF EXISTS ` + sch + `.test_fail_once()`,
+			`DROP SEQUENCE IF EXISTS ` + sch + `.test_fail_once`,
+		} {
+			if _, err := c.Pool().Exec(ctx, q); err != nil {
+				t.Errorf("dropping the test trigger: %v", err)
+			}
+		}
+	})
 }
