@@ -28,8 +28,8 @@ type Options struct {
 	// process sharing a schema must use the same value, whichever adapter it
 	// runs.
 	PartitionCount int
-	// Now replaces the database clock. Tests only; nil means now() on the
-	// server.
+	// Now replaces the database clock, and the process clock of the claim
+	// turns (ClaimsAtOnce). Tests only; nil means now() on the server.
 	Now func() time.Time
 	// SynchronousAcks makes Complete, Fail, Release and RenewLeases wait for
 	// their commit's WAL flush. By default they commit with
@@ -250,11 +250,15 @@ func New(cl Client, opts Options) (*Core, error) {
 		sql:  newStatements(o.Schema, cl.Dialect, o.SynchronousAcks, o.AsynchronousClaims),
 		subs: make(map[uuid.UUID][]*subscription),
 	}
+	clock := time.Now
+	if o.Now != nil {
+		clock = o.Now
+	}
 	switch {
 	case o.ClaimsAtOnce == 0:
-		c.turns = newClaimTurns(defaultClaimsAtOnce, true, time.Now)
+		c.turns = newClaimTurns(defaultClaimsAtOnce, true, clock)
 	case o.ClaimsAtOnce > 0:
-		c.turns = newClaimTurns(o.ClaimsAtOnce, false, time.Now)
+		c.turns = newClaimTurns(o.ClaimsAtOnce, false, clock)
 	}
 	switch {
 	case o.DisableListener:
