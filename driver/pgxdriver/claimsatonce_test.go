@@ -38,16 +38,8 @@ func TestClaimsAtOnce(t *testing.T) {
 				register(t, c, ids[i])
 			}
 			extra := ids[tc.held]
-			items := make([]driver.NewWork, 96)
-			for i := range items {
-				items[i] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%02d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
-			}
-			if _, err := c.Enqueue(ctx, items); err != nil {
-				t.Fatal(err)
-			}
-			req := func(id uuid.UUID) driver.ClaimRequest {
-				return driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox}, Lease: time.Minute, MaxPerCategory: 100}
-			}
+			enqueueStreams(t, c, 96)
+			req := func(id uuid.UUID) driver.ClaimRequest { return outboxClaim(id, 100) }
 			type answer struct {
 				res driver.ClaimResult
 				err error
@@ -165,6 +157,23 @@ func TestClaimsAtOnce(t *testing.T) {
 	}
 }
 
+// enqueueStreams enqueues n outbox items, each on a stream of its own.
+func enqueueStreams(t *testing.T, c *Coordinator, n int) {
+	t.Helper()
+	items := make([]driver.NewWork, n)
+	for i := range items {
+		items[i] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%03d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
+	}
+	if _, err := c.Enqueue(context.Background(), items); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// outboxClaim is a claim of at most max outbox rows for id.
+func outboxClaim(id uuid.UUID, max int) driver.ClaimRequest {
+	return driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox}, Lease: time.Minute, MaxPerCategory: max}
+}
+
 // waitQueued returns once n claims wait for their turn in c.
 func waitQueued(t *testing.T, c *Coordinator, n int) {
 	t.Helper()
@@ -255,16 +264,8 @@ func TestClaimsAtOnce_OneBesideAnotherProcess(t *testing.T) {
 			for _, id := range []uuid.UUID{peer, a1, a2, a3} {
 				register(t, base, id)
 			}
-			items := make([]driver.NewWork, 400)
-			for i := range items {
-				items[i] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s%03d", i), Name: "n", MessageType: "T", Payload: []byte("p")}
-			}
-			if _, err := base.Enqueue(ctx, items); err != nil {
-				t.Fatal(err)
-			}
-			req := func(id uuid.UUID) driver.ClaimRequest {
-				return driver.ClaimRequest{InstanceID: id, Categories: []driver.Category{driver.Outbox}, Lease: time.Minute, MaxPerCategory: 10}
-			}
+			enqueueStreams(t, base, 400)
+			req := func(id uuid.UUID) driver.ClaimRequest { return outboxClaim(id, 10) }
 			type answer struct {
 				res driver.ClaimResult
 				err error
