@@ -3,29 +3,12 @@ package pgcore
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/workpump/workpump/conformance"
 )
-
-// fakeNow is a clock the test moves by hand.
-type fakeNow struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (f *fakeNow) now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.t
-}
-
-func (f *fakeNow) add(d time.Duration) {
-	f.mu.Lock()
-	f.t = f.t.Add(d)
-	f.mu.Unlock()
-}
 
 // mustTake takes a turn that must be free.
 func mustTake(t *testing.T, ct *claimTurns) *turn {
@@ -61,8 +44,8 @@ func queues(t *testing.T, ct *claimTurns) bool {
 // alone in the process saw another claim beside it in the database; then
 // one, for sharedHold after the last such claim; then two again.
 func TestClaimTurns_AutomaticBound(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1000, 0)}
-	ct := newClaimTurns(2, true, clock.now)
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(2, true, clock.Now)
 
 	a, b := mustTake(t, ct), mustTake(t, ct)
 	if !queues(t, ct) {
@@ -83,18 +66,18 @@ func TestClaimTurns_AutomaticBound(t *testing.T) {
 	if !queues(t, ct) {
 		t.Fatal("a second turn was free right after a lone claim ran beside another process's")
 	}
-	clock.add(sharedHold - time.Millisecond)
+	clock.Advance(sharedHold - time.Millisecond)
 	if !queues(t, ct) {
 		t.Fatal("a second turn was free before sharedHold passed")
 	}
 	// Another such claim extends the hold.
 	ct.giveBack(a, true)
 	a = mustTake(t, ct)
-	clock.add(sharedHold - time.Millisecond)
+	clock.Advance(sharedHold - time.Millisecond)
 	if !queues(t, ct) {
 		t.Fatal("a second turn was free before sharedHold passed since the last overlap")
 	}
-	clock.add(time.Millisecond)
+	clock.Advance(time.Millisecond)
 	b = mustTake(t, ct)
 	ct.giveBack(a, false)
 	ct.giveBack(b, false)
@@ -105,8 +88,8 @@ func TestClaimTurns_AutomaticBound(t *testing.T) {
 // one out when it was sent, or one sent while it was out (it may have
 // reached the database first), held the marker.
 func TestClaimTurns_OverlapWithItsOwnClaimsKeepsTwo(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1000, 0)}
-	ct := newClaimTurns(2, true, clock.now)
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(2, true, clock.Now)
 
 	// The earlier claim held the marker; it reports after the later one.
 	a, b := mustTake(t, ct), mustTake(t, ct)
@@ -134,8 +117,8 @@ func TestClaimTurns_OverlapWithItsOwnClaimsKeepsTwo(t *testing.T) {
 // ran beside each other count once every one of them reported one: none
 // held the marker, so another process's claim did.
 func TestClaimTurns_OverlapBesideItsOwnNonHolders(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1000, 0)}
-	ct := newClaimTurns(2, true, clock.now)
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(2, true, clock.Now)
 	a, b := mustTake(t, ct), mustTake(t, ct)
 	ct.giveBack(b, true) // waits for a
 	c := mustTake(t, ct)
@@ -156,8 +139,8 @@ func TestClaimTurns_OverlapBesideItsOwnNonHolders(t *testing.T) {
 // TestClaimTurns_FixedBound: a bound set by hand stays whatever the claims
 // ran beside.
 func TestClaimTurns_FixedBound(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1000, 0)}
-	ct := newClaimTurns(2, false, clock.now)
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(2, false, clock.Now)
 	lone := mustTake(t, ct)
 	ct.giveBack(lone, true)
 	a, b := mustTake(t, ct), mustTake(t, ct)
@@ -172,8 +155,8 @@ func TestClaimTurns_FixedBound(t *testing.T) {
 // first come first, each reporting its wait; a waiter that gave up is
 // skipped, and one granted a turn as it gave up hands the turn on.
 func TestClaimTurns_WaitersInArrivalOrder(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1000, 0)}
-	ct := newClaimTurns(1, false, clock.now)
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(1, false, clock.Now)
 	held := mustTake(t, ct)
 
 	type got struct {
@@ -282,8 +265,8 @@ func TestClaimTurns_BoundRisesWithClaimsWaiting(t *testing.T) {
 		ct.giveBack(held, false)
 	})
 
-	clock := &fakeNow{t: time.Unix(1000, 0)}
-	ct := newClaimTurns(2, true, clock.now)
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(2, true, clock.Now)
 	lone := mustTake(t, ct)
 	ct.giveBack(lone, true)
 	held := mustTake(t, ct)
@@ -298,7 +281,7 @@ func TestClaimTurns_BoundRisesWithClaimsWaiting(t *testing.T) {
 	for ct.queued.Load() != 1 {
 		time.Sleep(time.Millisecond)
 	}
-	clock.add(sharedHold) // (the timer runs on the real clock, later)
+	clock.Advance(sharedHold) // (the timer runs on the real clock, later)
 	if !queues(t, ct) {
 		t.Fatal("a third turn was free with two out")
 	}
@@ -312,8 +295,8 @@ func TestClaimTurns_BoundRisesWithClaimsWaiting(t *testing.T) {
 // overlaps of the others are settled by its report (here: it held the
 // marker, so none of them counts).
 func TestClaimTurns_LongClaimKeepsTrackOfFew(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1000, 0)}
-	ct := newClaimTurns(2, true, clock.now)
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(2, true, clock.Now)
 	long := mustTake(t, ct)
 	for range 10 * relatedCap {
 		o := mustTake(t, ct)
