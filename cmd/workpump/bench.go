@@ -31,6 +31,8 @@ type benchConfig struct {
 	mode                               string
 	rate                               int
 	duration, warmup                   time.Duration
+	burst                              int           // continuous: unmeasured items enqueued as the measured load begins
+	handlerDelay                       time.Duration // continuous: how long each handler runs
 	asJSON, reset, asyncClaims         bool
 	claimsAtOnce                       int
 	noSelfPolling                      bool
@@ -67,6 +69,7 @@ type benchResult struct {
 	MaxMs              float64 `json:"max_ms,omitempty"`
 	SelfPollPeriods    int64   `json:"self_poll_periods,omitempty"` // continuous
 	WarmupItems        int     `json:"warmup_items,omitempty"`      // continuous: sent and handled before the measured items
+	BurstItems         int     `json:"burst_items,omitempty"`       // continuous: enqueued at once as the measured items began, not measured
 	// idle mode
 	HeartbeatsPerInstanceMinute float64          `json:"heartbeats_per_instance_minute,omitempty"`
 	Claims                      int64            `json:"claims,omitempty"` // every mode: ClaimWork calls
@@ -104,6 +107,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.rate, "rate", 1000, "continuous: items per second, one per transaction")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue; idle: how long to idle")
 	fs.DurationVar(&c.warmup, "warmup", 0, "continuous: first enqueue at --rate for this long, wait until those items are handled, and only then measure (steady state: every connection has planned its statements)")
+	fs.IntVar(&c.burst, "burst", 0, "continuous: as the measured items begin, enqueue this many more at once, one per stream of their own, in one transaction; they are handled but not measured (the pickup of items that arrive right after a burst)")
+	fs.DurationVar(&c.handlerDelay, "handler-delay", 0, "continuous: every handler runs this long before it returns (the measured pickup is the handler's start)")
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.IntVar(&c.claimsAtOnce, "claims-at-once", 0, "Postgres: how many claims of one process run in the database at once; 0 is the driver's default, negative unbounded (pgxdriver.Options.ClaimsAtOnce)")
@@ -165,6 +170,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--warmup must be >= 0")
 	case c.warmup > 0 && c.mode != "continuous":
 		return usagef("--warmup: only --mode continuous has a warm-up")
+	case c.burst < 0:
+		return usagef("--burst must be >= 0")
+	case c.burst > 0 && c.mode != "continuous":
+		return usagef("--burst: only --mode continuous has it")
+	case c.handlerDelay < 0:
+		return usagef("--handler-delay must be >= 0")
+	case c.handlerDelay > 0 && c.mode != "continuous":
+		return usagef("--handler-delay: only --mode continuous has it")
 	case c.repeat <= 0:
 		return usagef("--repeat must be > 0")
 	case c.repeat > 1 && c.schema != "":
@@ -468,13 +481,20 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	var mu sync.Mutex
 	started := make(map[uuid.UUID]time.Time, total)
 	var completed atomic.Int64
-	h := func(_ context.Context, w workpump.Work) error {
+	h := func(ctx context.Context, w workpump.Work) error {
 		now := time.Now()
 		mu.Lock()
 		if _, dup := started[w.ID]; !dup {
 			started[w.ID] = now
 		}
 		mu.Unlock()
+		if c.handlerDelay > 0 {
+			select {
+			case <-time.After(c.handlerDelay):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		return nil
 	}
 	pumps, stopAll, err := startPumps(ctx, c, be, h, &completed, out)
@@ -551,12 +571,22 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 		return benchResult{}, err
 	}
 	defer stopProfile()
+	if c.burst > 0 {
+		burst := make([]driver.NewWork, c.burst)
+		for k := range burst {
+			burst[k] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("burst%06d", k), Name: "bench"}
+		}
+		if _, err := be.coordinator().Enqueue(ctx, burst); err != nil {
+			return benchResult{}, fmt.Errorf("enqueue the burst: %w", err)
+		}
+		fmt.Fprintf(out, "burst: %d items enqueued at once, not measured\n", c.burst)
+	}
 	begin, err := generate(total, true)
 	if err != nil {
 		return benchResult{}, err
 	}
 	enqueued := time.Since(begin)
-	awaitCompleted(&completed, total)
+	awaitCompleted(&completed, total+c.burst)
 	took := time.Since(begin)
 	stopProfile()
 	claims, periods := claimCounts(pumps)
@@ -577,7 +607,8 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 	slices.Sort(lat)
 	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	res := benchResult{Items: total, Seconds: took.Seconds(), ItemsPerSec: float64(total) / took.Seconds(), P50Ms: pct(0.50), P99Ms: pct(0.99), MaxMs: lat[len(lat)-1],
-		EnqueueItemsPerSec: float64(total) / enqueued.Seconds(), Claims: int64(claims), SelfPollPeriods: int64(periods), WarmupItems: warm}
+		EnqueueItemsPerSec: float64(total) / enqueued.Seconds(), Claims: int64(claims), SelfPollPeriods: int64(periods), WarmupItems: warm,
+		BurstItems: c.burst}
 	fmt.Fprintf(out, "enqueued %d items in %.2fs (%.0f items/s achieved, target %d/s)\n", total, enqueued.Seconds(), res.EnqueueItemsPerSec, c.rate)
 	fmt.Fprintf(out, "pickup latency (enqueue commit -> handler start): p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d items\n", res.P50Ms, res.P99Ms, res.MaxMs, len(lat))
 	fmt.Fprintf(out, "claims: %d (%.2f per item), self-polling periods: %d\n", claims, float64(claims)/float64(total), periods)

@@ -97,6 +97,10 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"bench", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
 		{[]string{"bench", "--mode", "continuous", "--warmup", "-1s"}, "--warmup must be >= 0"},
 		{[]string{"bench", "--warmup", "1s"}, "--warmup: only --mode continuous has a warm-up"},
+		{[]string{"bench", "--mode", "continuous", "--burst", "-1"}, "--burst must be >= 0"},
+		{[]string{"bench", "--burst", "10"}, "--burst: only --mode continuous has it"},
+		{[]string{"bench", "--mode", "continuous", "--handler-delay", "-1ms"}, "--handler-delay must be >= 0"},
+		{[]string{"bench", "--handler-delay", "1ms"}, "--handler-delay: only --mode continuous has it"},
 		{[]string{"bench", "--otel", "--mode", "idle"}, "--otel: only --mode burndown has it"},
 		{[]string{"bench", "--otel-sampling", "0.5"}, "--otel-sampling: only --otel has it"},
 		{[]string{"bench", "--streams", "-1"}, "--streams must be >= 0"},
@@ -237,6 +241,41 @@ func TestCLI_BenchContinuousWarmup(t *testing.T) {
 	}
 	if got.Items != 200 || got.WarmupItems != 100 {
 		t.Errorf("items %d, warmup_items %d; want 200 and 100", got.Items, got.WarmupItems)
+	}
+}
+
+// TestCLI_BenchContinuousBurst: the burst's items are handled (the run
+// waits for them) but left out of the latency and the item count, and
+// every handler runs for --handler-delay.
+func TestCLI_BenchContinuousBurst(t *testing.T) {
+	r := runCLI(t, nil, "bench", "--mode", "continuous", "--rate", "200", "--duration", "250ms",
+		"--burst", "300", "--handler-delay", "20ms", "--concurrency", "400", "--max-in-flight", "1000", "--json")
+	if r.code != 0 {
+		t.Fatalf("bench exit %d: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "burst: 300 items enqueued at once, not measured") {
+		t.Errorf("no burst line:\n%s", r.stdout)
+	}
+	if !strings.Contains(r.stdout, "over 50 items") {
+		t.Errorf("latency is not over the 50 measured items alone:\n%s", r.stdout)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var got struct {
+		Items      int     `json:"items"`
+		BurstItems int     `json:"burst_items"`
+		Seconds    float64 `json:"seconds"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
+	}
+	if got.Items != 50 || got.BurstItems != 300 {
+		t.Errorf("items %d, burst_items %d; want 50 and 300", got.Items, got.BurstItems)
+	}
+	// The run ends once every item, the burst's too, was handled (it
+	// gives up after 30 s); the last measured item is due at 245 ms and
+	// its handler takes 20 ms, so the run cannot end before 265 ms.
+	if got.Seconds < 0.265 || got.Seconds > 25 {
+		t.Errorf("the run took %.3fs, want from 0.265 s (the last handler's 20 ms after the last enqueue at 245 ms) to well under the 30 s give-up", got.Seconds)
 	}
 }
 
