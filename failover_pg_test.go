@@ -14,6 +14,7 @@ import (
 	"github.com/workpump/workpump"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/internal/faults"
+	"github.com/workpump/workpump/internal/pgfault"
 	"github.com/workpump/workpump/workers"
 )
 
@@ -32,6 +33,22 @@ import (
 // the lease (300 s) play no part is what the test shows.
 func TestFailoverPG_LockLossReclaimsWithinSeconds(t *testing.T) {
 	t.Parallel()
+	lockLossFailover(t, false)
+}
+
+// TestFailoverPG_LockLossAfterAListenerReconnect: the same, but the
+// victim's listener session is terminated first and reconnects, as after a
+// network blip. The victim's heartbeat withdraws the lock when the session
+// goes and must vouch for it again once the listener has taken it back:
+// otherwise its row says "no lock" and its crash is found only by the
+// stale rule, one and a half heartbeat intervals (45 s) after its last
+// beat.
+func TestFailoverPG_LockLossAfterAListenerReconnect(t *testing.T) {
+	t.Parallel()
+	lockLossFailover(t, true)
+}
+
+func lockLossFailover(t *testing.T, blip bool) {
 	c := pgCoordinator(t)
 	ids := []uuid.UUID{uuid.New(), uuid.New()}
 	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
@@ -75,8 +92,20 @@ func TestFailoverPG_LockLossReclaimsWithinSeconds(t *testing.T) {
 	a := start(survivor, c)
 	t.Cleanup(func() { stopQuietly(a) })
 	b := start(victim, view)
+	// kill makes the victim die for real: its view of the store is cut and
+	// its listener closed, then Stop ends its goroutines (its deregister
+	// fails). A test that fails earlier kills it in its cleanup.
 	victimStopped := make(chan struct{})
-	t.Cleanup(func() { <-victimStopped })
+	kill := sync.OnceFunc(func() {
+		view.Sever()
+		go func() {
+			defer close(victimStopped)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = b.Stop(ctx)
+		}()
+	})
+	t.Cleanup(func() { kill(); <-victimStopped })
 
 	// Both registered, each vouching for the alive-lock its listener took.
 	pgWait(t, 30*time.Second, "both instances registered with their lock", func() bool {
@@ -92,6 +121,36 @@ func TestFailoverPG_LockLossReclaimsWithinSeconds(t *testing.T) {
 		}
 		return n == 2
 	})
+
+	if blip {
+		ctx := t.Context()
+		beats := b.Stats().Heartbeat.Beats
+		pids := pgfault.ListenerPIDs(c.Core, victim)
+		if len(pids) != 1 {
+			t.Fatalf("victim listener sessions: %v, want one", pids)
+		}
+		if err := pgfault.TerminateBackend(c.Core, ctx, pids[0]); err != nil {
+			t.Fatal(err)
+		}
+		pgWait(t, 10*time.Second, "the victim's listener reconnecting", func() bool {
+			p := pgfault.ListenerPIDs(c.Core, victim)
+			return len(p) == 1 && p[0] != pids[0]
+		})
+		// Two beats: the one that withdrew the lock when the session went,
+		// and the one that vouches for it again.
+		pgWait(t, 10*time.Second, "the victim vouching for its lock again", func() bool {
+			insts, err := c.ListInstances(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, in := range insts {
+				if in.ID == victim {
+					return in.ReportedAliveLock && in.AliveLockHeld && b.Stats().Heartbeat.Beats >= beats+2
+				}
+			}
+			return false
+		})
+	}
 
 	var items []driver.NewWork
 	for rank := range ids {
@@ -109,14 +168,7 @@ func TestFailoverPG_LockLossReclaimsWithinSeconds(t *testing.T) {
 	})
 
 	killAt := time.Now()
-	view.Sever()
-	go func() {
-		defer close(victimStopped)
-		// Ends the dead process's goroutines; its deregister fails.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = b.Stop(ctx)
-	}()
+	kill()
 
 	pgWait(t, time.Minute, "the survivor handling the victim's items", func() bool {
 		mu.Lock()

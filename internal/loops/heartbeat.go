@@ -104,7 +104,11 @@ type HeartbeatEvent struct {
 // every Interval. While the last beat vouched for the lock the loop looks
 // at it every 250 ms on its own timer, so the withdrawing beat goes out
 // within about that of the listener breaking, whatever the claim loop or
-// the dispatcher are doing.
+// the dispatcher are doing. It looks as often while the last beat did not
+// vouch for it, and beats as soon as the lock is held again (a listener
+// that reconnected): until a beat vouches for the lock, peers can find a
+// crash only by the stale rule, not within LockLostAfter of the lock
+// vanishing.
 //
 // Each beat declares the interval until the next one (SlowInterval while
 // the lock proves liveness, else Interval: driver.HeartbeatRequest.Interval),
@@ -323,6 +327,14 @@ func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 		}
 		return 0
 	}
+	if held && !vouched && ok {
+		// The lock proves liveness but the last beat did not say so (the
+		// listener reconnected and took it again, or took it first after
+		// the first beat): say so now. Until a beat vouches for the lock,
+		// peers cannot tell a crash by the lock vanishing and wait for the
+		// stale rule instead, one and a half declared Intervals.
+		return 0
+	}
 	if elapsed >= w.opts.SlowInterval {
 		return 0
 	}
@@ -330,13 +342,14 @@ func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 		return 0
 	}
 	// Next check: the next multiple of Interval since the last beat, or the
-	// slow deadline, whichever is first; while the last beat vouched for
-	// the lock, lockWatch at most.
+	// slow deadline, whichever is first; lockWatch at most while there is
+	// a lock to watch, to see it go (the last beat vouched for it) or come
+	// back (it did not).
 	next := last.Add((elapsed/w.opts.Interval + 1) * w.opts.Interval)
 	if slow := last.Add(w.opts.SlowInterval); slow.Before(next) {
 		next = slow
 	}
-	if vouched {
+	if w.opts.LivenessSource == workers.AdvisoryLockWhenAvailable && w.lock != nil {
 		return min(next.Sub(now), lockWatch)
 	}
 	return next.Sub(now)

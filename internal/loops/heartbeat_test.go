@@ -91,14 +91,14 @@ func TestHeartbeatLockTransitions(t *testing.T) {
 		time.Sleep(sec(130) + 100*ms)
 		lock.lock.Store(false) // held → not held at 130.1 s; the lock watch beats at 130.25 s
 		time.Sleep(sec(60))
-		lock.lock.Store(true) // at 190.1 s: the check at 190.25 s sees it held, the slow deadline beats at 220.25 s
+		lock.lock.Store(true) // at 190.1 s: the watch (every 250 ms since 160.25 s) beats at 190.25 s, vouching for it
 		time.Sleep(sec(75))
-		lock.lock.Store(false) // at 265.1 s: the watch (every 250 ms since 220.25 s) beats at 265.25 s
+		lock.lock.Store(false) // at 265.1 s: the watch beats at 265.25 s
 		time.Sleep(sec(100))
 		stop(t, w)
 		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{
-			0, sec(60), sec(120), sec(130) + 250*ms, sec(160) + 250*ms, sec(220) + 250*ms, sec(265) + 250*ms,
-			sec(295) + 250*ms, sec(325) + 250*ms, sec(355) + 250*ms,
+			0, sec(60), sec(120), sec(130) + 250*ms, sec(160) + 250*ms, sec(190) + 250*ms, sec(250) + 250*ms,
+			sec(265) + 250*ms, sec(295) + 250*ms, sec(325) + 250*ms, sec(355) + 250*ms,
 		})
 		// Each beat declares its cadence: slow while the lock vouches, fast otherwise.
 		var got []time.Duration
@@ -106,7 +106,7 @@ func TestHeartbeatLockTransitions(t *testing.T) {
 			got = append(got, c.req.(driver.HeartbeatRequest).Interval)
 		}
 		eqDurations(t, "declared intervals", got, []time.Duration{
-			sec(60), sec(60), sec(60), sec(30), sec(30), sec(60), sec(30), sec(30), sec(30), sec(30),
+			sec(60), sec(60), sec(60), sec(30), sec(30), sec(60), sec(60), sec(30), sec(30), sec(30), sec(30),
 		})
 	})
 }
