@@ -155,11 +155,8 @@ func TestCLI_BenchJSONShape(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("bench exit %d: %s", r.code, r.stderr)
 	}
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	var got map[string]any
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
-		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
-	}
+	lastJSON(t, r.stdout, &got)
 	for _, k := range []string{"mode", "items", "instances", "seconds", "items_per_sec", "p50_ms", "p99_ms"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("bench JSON lacks %q: %v", k, got)
@@ -231,14 +228,11 @@ func TestCLI_BenchContinuousWarmup(t *testing.T) {
 	if !strings.Contains(r.stdout, "over 200 items") {
 		t.Errorf("latency is not over the 200 measured items alone:\n%s", r.stdout)
 	}
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	var got struct {
 		Items       int `json:"items"`
 		WarmupItems int `json:"warmup_items"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
-		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
-	}
+	lastJSON(t, r.stdout, &got)
 	if got.Items != 200 || got.WarmupItems != 100 {
 		t.Errorf("items %d, warmup_items %d; want 200 and 100", got.Items, got.WarmupItems)
 	}
@@ -259,15 +253,12 @@ func TestCLI_BenchContinuousBurst(t *testing.T) {
 	if !strings.Contains(r.stdout, "over 50 items") {
 		t.Errorf("latency is not over the 50 measured items alone:\n%s", r.stdout)
 	}
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	var got struct {
 		Items      int     `json:"items"`
 		BurstItems int     `json:"burst_items"`
 		Seconds    float64 `json:"seconds"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
-		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
-	}
+	lastJSON(t, r.stdout, &got)
 	if got.Items != 50 || got.BurstItems != 300 {
 		t.Errorf("items %d, burst_items %d; want 50 and 300", got.Items, got.BurstItems)
 	}
@@ -287,7 +278,6 @@ func TestCLI_BenchIdleCountsCalls(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("bench idle exit %d: %s", r.code, r.stderr)
 	}
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	var got struct {
 		Mode        string  `json:"mode"`
 		Instances   int     `json:"instances"`
@@ -295,9 +285,7 @@ func TestCLI_BenchIdleCountsCalls(t *testing.T) {
 		Claims      int64   `json:"claims"`
 		OtherWrites int64   `json:"other_write_calls"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
-		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
-	}
+	lastJSON(t, r.stdout, &got)
 	if got.Mode != "idle" || got.Instances != 2 || got.Seconds < 1 || got.OtherWrites != 0 {
 		t.Fatalf("bench idle JSON = %+v", got)
 	}
@@ -399,5 +387,15 @@ func TestCLI_DemoOnPostgres(t *testing.T) {
 	r := runCLI(t, []string{"WORKPUMP_DATABASE_URL=" + url}, "demo", "--items", "2000", "--streams", "50", "--handler-time", "1ms")
 	if r.code != 0 || !strings.Contains(r.stdout, "OK: nothing lost") || !strings.Contains(r.stdout, "killed instance") {
 		t.Fatalf("demo on Postgres: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// lastJSON decodes the last line of a command's output, the --json line,
+// into v.
+func lastJSON(t *testing.T, stdout string, v any) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), v); err != nil {
+		t.Fatalf("last line is not JSON: %q: %v", lines[len(lines)-1], err)
 	}
 }
