@@ -111,9 +111,7 @@ type ClaimOptions struct {
 	// returned five items within SelfPollLinger (default 50 ms, so 100
 	// items/s) while the gate is healthy, the loop begins a claim every
 	// SelfPollInterval (default 2 ms) and enqueues routed to the instance
-	// skip their NOTIFY (while a period is on, even a claim that found the
-	// rows behind its batch blocked is followed within SelfPollLinger, not
-	// PollInterval). It also begins such a period at its first claim,
+	// skip their NOTIFY. It also begins such a period at its first claim,
 	// to finish a hand-shake that a stopped process under its id may have
 	// left open. After SelfPollLinger without work it ends the period with
 	// the store's hand-shake (no enqueue that skipped its signal can be

@@ -32,7 +32,7 @@ type benchConfig struct {
 	rate                               int
 	duration, warmup                   time.Duration
 	burst                              int           // continuous: unmeasured items enqueued as the measured load begins
-	handlerDelay                       time.Duration // continuous: how long each handler runs
+	handlerDelay                       time.Duration // continuous and in-process burndown: how long each handler runs
 	asJSON, reset, asyncClaims         bool
 	claimsAtOnce                       int
 	noSelfPolling                      bool
@@ -108,7 +108,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "continuous: how long to enqueue; idle: how long to idle")
 	fs.DurationVar(&c.warmup, "warmup", 0, "continuous: first enqueue at --rate for this long, wait until those items are handled, and only then measure (steady state: every connection has planned its statements)")
 	fs.IntVar(&c.burst, "burst", 0, "continuous: as the measured items begin, enqueue this many more at once, one per stream of their own, in one transaction; they are handled but not measured (the pickup of items that arrive right after a burst)")
-	fs.DurationVar(&c.handlerDelay, "handler-delay", 0, "continuous: every handler runs this long before it returns (the measured pickup is the handler's start)")
+	fs.DurationVar(&c.handlerDelay, "handler-delay", 0, "continuous and in-process burndown: every handler runs this long before it returns (continuous measures the pickup at the handler's start)")
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.IntVar(&c.claimsAtOnce, "claims-at-once", 0, "Postgres: how many claims of one process run in the database at once; 0 is the driver's default, negative unbounded (pgxdriver.Options.ClaimsAtOnce)")
@@ -176,8 +176,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--burst: only --mode continuous has it")
 	case c.handlerDelay < 0:
 		return usagef("--handler-delay must be >= 0")
-	case c.handlerDelay > 0 && c.mode != "continuous":
-		return usagef("--handler-delay: only --mode continuous has it")
+	case c.handlerDelay > 0 && (c.mode != "continuous" && c.mode != "burndown" || c.processes > 0):
+		return usagef("--handler-delay: only --mode continuous and the in-process --mode burndown have it")
 	case c.repeat <= 0:
 		return usagef("--repeat must be > 0")
 	case c.repeat > 1 && c.schema != "":
@@ -447,7 +447,7 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	defer stopProfile()
 	var completed atomic.Int64
 	start := time.Now()
-	pumps, stopAll, err := startPumps(ctx, c, be, func(context.Context, workpump.Work) error { return nil }, &completed, out)
+	pumps, stopAll, err := startPumps(ctx, c, be, func(ctx context.Context, _ workpump.Work) error { return sleepHandler(ctx, c.handlerDelay) }, &completed, out)
 	if err != nil {
 		return benchResult{}, err
 	}
@@ -488,14 +488,7 @@ func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writ
 			started[w.ID] = now
 		}
 		mu.Unlock()
-		if c.handlerDelay > 0 {
-			select {
-			case <-time.After(c.handlerDelay):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return nil
+		return sleepHandler(ctx, c.handlerDelay)
 	}
 	pumps, stopAll, err := startPumps(ctx, c, be, h, &completed, out)
 	if err != nil {
@@ -658,4 +651,20 @@ func startCPUProfile(path string) (func(), error) {
 			f.Close()
 		})
 	}, nil
+}
+
+// sleepHandler is the bench handlers' work: d of waiting (none for 0), cut
+// short when the item's context ends.
+func sleepHandler(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -100,7 +100,7 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"bench", "--mode", "continuous", "--burst", "-1"}, "--burst must be >= 0"},
 		{[]string{"bench", "--burst", "10"}, "--burst: only --mode continuous has it"},
 		{[]string{"bench", "--mode", "continuous", "--handler-delay", "-1ms"}, "--handler-delay must be >= 0"},
-		{[]string{"bench", "--handler-delay", "1ms"}, "--handler-delay: only --mode continuous has it"},
+		{[]string{"bench", "--mode", "idle", "--handler-delay", "1ms"}, "--handler-delay: only --mode continuous and the in-process --mode burndown have it"},
 		{[]string{"bench", "--otel", "--mode", "idle"}, "--otel: only --mode burndown has it"},
 		{[]string{"bench", "--otel-sampling", "0.5"}, "--otel-sampling: only --otel has it"},
 		{[]string{"bench", "--streams", "-1"}, "--streams must be >= 0"},

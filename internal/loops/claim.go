@@ -431,20 +431,10 @@ func (w *ClaimWorker) shortOf(work []driver.Work, limit int) bool {
 // self-polling cadence does not apply to that wait: until the batch's
 // completions are written, an ordinary claim would read the same rows
 // behind it; enqueues that skipped their signal meanwhile are picked up by
-// that claim. So while a period is on, the wait is at most the linger: the
-// enqueues of a period skip their signal on the promise that a claim comes
-// within it, and handlers slower than the linger write no completion to
-// ask sooner.
+// that claim.
 func (w *ClaimWorker) afterShort(short bool, wait time.Duration, untilSignal bool) (time.Duration, bool) {
-	if !short {
-		return wait, untilSignal
-	}
-	limit := w.opts.PollInterval
-	if w.self != nil && w.self.phase == selfOn {
-		limit = min(limit, w.self.linger)
-	}
-	if untilSignal || wait > limit {
-		return limit, false
+	if short && (untilSignal || wait > w.opts.PollInterval) {
+		return w.opts.PollInterval, false
 	}
 	return wait, untilSignal
 }

@@ -327,12 +327,19 @@ func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 		}
 		return 0
 	}
-	if held && !vouched && ok {
+	if held && !vouched {
 		// The lock proves liveness but the last beat did not say so (the
 		// listener reconnected and took it again, or took it first after
 		// the first beat): say so now. Until a beat vouches for the lock,
 		// peers cannot tell a crash by the lock vanishing and wait for the
-		// stale rule instead, one and a half declared Intervals.
+		// stale rule instead, one and a half declared Intervals. After a
+		// failed beat, retry every withdrawRetry, as a withdrawal does.
+		if ok {
+			return 0
+		}
+		if retry := min(w.opts.Interval, withdrawRetry); elapsed < retry {
+			return retry - elapsed
+		}
 		return 0
 	}
 	if elapsed >= w.opts.SlowInterval {

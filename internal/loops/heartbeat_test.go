@@ -464,3 +464,44 @@ func TestHeartbeatRequestBeat(t *testing.T) {
 		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{0, sec(10) + 100*time.Millisecond, sec(70) + 100*time.Millisecond})
 	})
 }
+
+// A beat that fails between the withdrawal and the listener taking the
+// lock again does not leave the lock unvouched for an Interval: the lock
+// goes at 10.1 s (withdrawn at 10.25 s), the beat at 40.25 s fails, the
+// lock is back at 41.1 s; the vouching beat is retried every second after
+// the failed one and goes out at 41.25 s, the first retry that sees the
+// lock.
+func TestHeartbeatVouchesAfterAFailedBeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{heartbeat: func(n int) error {
+			if n == 3 {
+				return errors.New("connection reset")
+			}
+			return nil
+		}}
+		lock := newFakeSub(true)
+		lock.lock.Store(true)
+		w := newHeartbeat(t, coord, workers.HeartbeatOptions{}, lock, nil)
+		t0 := time.Now()
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(sec(10) + 100*time.Millisecond)
+		lock.lock.Store(false)
+		time.Sleep(sec(31))
+		lock.lock.Store(true)
+		time.Sleep(sec(40))
+		stop(t, w)
+		ms := time.Millisecond
+		eqDurations(t, "beats", coord.offsets("heartbeat", t0), []time.Duration{
+			0, sec(10) + 250*ms, sec(40) + 250*ms, sec(41) + 250*ms,
+		})
+		var held []bool
+		for _, c := range coord.of("heartbeat") {
+			held = append(held, c.req.(driver.HeartbeatRequest).AliveLockHeld)
+		}
+		if fmt.Sprint(held) != "[true false false true]" {
+			t.Fatalf("reported %v, want [true false false true]", held)
+		}
+	})
+}

@@ -416,11 +416,10 @@ func TestSelfPollingTakeoverAgainInALaterPeriod(t *testing.T) {
 // back short (its batch's rows block the rest) is not followed at the
 // self-polling cadence, where an ordinary claim would walk the same blocked
 // rows before the batch's completions are written, but by the first wake
-// (completions written) or, since enqueues skip their signal while the
-// period is on, when the linger has passed at the latest.
+// (completions written) or at the poll interval at the latest.
 func TestSelfPollingPausesAfterAShortBoundedClaim(t *testing.T) {
 	for _, wake := range []bool{false, true} {
-		t.Run(map[bool]string{false: "linger", true: "wake"}[wake], func(t *testing.T) {
+		t.Run(map[bool]string{false: "poll interval", true: "wake"}[wake], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				coord := selfPollCoord{fakeCoord: &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
 					if n == 1 {
@@ -430,7 +429,7 @@ func TestSelfPollingPausesAfterAShortBoundedClaim(t *testing.T) {
 				}}}
 				r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, newFakeSub(true), nil)
 				r.start()
-				next := ms(50)
+				next := ms(250)
 				if wake {
 					time.Sleep(ms(10))
 					r.w.RequestImmediatePoll()
