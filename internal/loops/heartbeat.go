@@ -106,9 +106,9 @@ type HeartbeatEvent struct {
 // within about that of the listener breaking, whatever the claim loop or
 // the dispatcher are doing. It looks as often while the last beat did not
 // vouch for it, and beats as soon as the lock is held again (a listener
-// that reconnected): until a beat vouches for the lock, peers can find a
-// crash only by the stale rule, not within LockLostAfter of the lock
-// vanishing.
+// that reconnected), retrying every second if that beat fails: until a
+// beat vouches for the lock, peers can find a crash only by the stale
+// rule, not within LockLostAfter of the lock vanishing.
 //
 // Each beat declares the interval until the next one (SlowInterval while
 // the lock proves liveness, else Interval: driver.HeartbeatRequest.Interval),
