@@ -451,7 +451,7 @@ func (p *Pump) teardown(ctx context.Context) error {
 // overrun reports a handler running past its lease (see loops.Overrun).
 func (p *Pump) overrun(o loops.Overrun) {
 	p.stats.overruns.Add(1)
-	p.log.Warn("handler overran its lease and still runs; its stream stays blocked on this instance until it returns",
+	p.log.Warn("handler overran its lease and still runs; its stream stays blocked on this instance until it returns, but once the lease has run out another instance may take the stream and run its re-issue",
 		"category", o.Key.Category, "id", o.Key.ID, "name", o.Name, "stream", o.StreamID,
 		"attempt", o.Attempt, "cause", o.Cause, "context_ended", o.EndedAt)
 	if h := p.opts.Hooks.Overrun; h != nil {
