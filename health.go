@@ -23,7 +23,7 @@ type Health struct {
 	// Ready: live, and every check that is not Advisory passes.
 	Ready bool
 	// Checks are in a fixed order: started, loops, schema, registered,
-	// heartbeat, alive_lock, signals.
+	// heartbeat, alive_lock, signals, overruns.
 	Checks []HealthCheck
 }
 
@@ -64,10 +64,15 @@ func (h Health) Reasons() []string {
 //     HeartbeatTableOnly, or a store without a listener), where the lock
 //     proves nothing;
 //   - signals (advisory): the signal listener is up; while it is down the
-//     pump polls at its tight base and still works.
+//     pump polls at its tight base and still works;
+//   - overruns (advisory): no handler runs on past its lease (see
+//     OverrunEvent). One that does keeps its stream blocked on this
+//     instance, and once its lease has run out another instance may take
+//     the stream and run the item again beside it; only its return, or
+//     the process's end, stops it.
 //
 // Live is started and loops; Ready is Live and every check but the
-// advisory one.
+// advisory ones.
 func (p *Pump) Health() Health {
 	parts := p.parts.Load()
 	started := parts != nil && !p.stopping.Load()
@@ -87,7 +92,8 @@ func (p *Pump) Health() Health {
 		for _, name := range []string{"loops", "schema", "registered", "heartbeat", "alive_lock"} {
 			add(name, false, "not started")
 		}
-		h.Checks = append(h.Checks, HealthCheck{Name: "signals", Advisory: true, Detail: "not started"})
+		h.Checks = append(h.Checks, HealthCheck{Name: "signals", Advisory: true, Detail: "not started"},
+			HealthCheck{Name: "overruns", OK: true, Advisory: true, Detail: "not started"})
 		return h
 	}
 	hb := parts.hb.Health()
@@ -163,6 +169,13 @@ func (p *Pump) Health() Health {
 		h.Checks = append(h.Checks, HealthCheck{Name: "signals", OK: true, Advisory: true, Detail: "listening"})
 	default:
 		h.Checks = append(h.Checks, HealthCheck{Name: "signals", Advisory: true, Detail: "the listener is down: polling at the tight base"})
+	}
+
+	if n := parts.renew.Overrunning(); n == 0 {
+		h.Checks = append(h.Checks, HealthCheck{Name: "overruns", OK: true, Advisory: true, Detail: "no handler runs past its lease"})
+	} else {
+		h.Checks = append(h.Checks, HealthCheck{Name: "overruns", Advisory: true, Detail: fmt.Sprintf(
+			"%d handler(s) still run past their lease, ignoring its end: their streams wait for them here, and another instance may run their items again beside them (Hooks.Overrun names them)", n)})
 	}
 
 	h.Ready = h.Live

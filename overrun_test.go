@@ -185,6 +185,13 @@ func TestPump_OverrunKeepsStreamBlockedAndDeadLettersPastMaxAttempts(t *testing.
 		if l := logs.lines(`"@level":"warn"`, "overran its lease", r1.String(), `"stream":"s"`, `"attempt":1`, `"category":"outbox"`); len(l) != 1 {
 			t.Errorf("overrun WARN lines naming item, stream, attempt = %d, want 1; log:\n%s", len(l), strings.Join(logs.lines(), "\n"))
 		}
+		// Health says so, without making the pump unready.
+		if h := p.Health(); !h.Ready {
+			t.Errorf("an overrun made the pump unready: %q", h.Reasons())
+		}
+		if c := check(t, p.Health(), "overruns"); c.OK || !c.Advisory || !strings.HasPrefix(c.Detail, "1 handler(s) still run past their lease") {
+			t.Errorf("overruns check %+v, want failing, advisory, naming 1 handler", c)
+		}
 
 		// The re-issues pile up behind the running attempt until one is
 		// past MaxAttempts: it is dead-lettered without running.
@@ -237,6 +244,9 @@ func TestPump_OverrunKeepsStreamBlockedAndDeadLettersPastMaxAttempts(t *testing.
 		returned := time.Now()
 		close(release)
 		waitFor(t, time.Minute, "r2 completed", func() bool { return rowGone(s, driver.Outbox, r2) })
+		if c := check(t, p.Health(), "overruns"); !c.OK {
+			t.Errorf("overruns check %+v once the handler returned, want ok", c)
+		}
 		rec.mu.Lock()
 		if rec.maxStream != 1 || rec.maxItem != 1 {
 			t.Errorf("most handlers at once: %d per stream, %d per item; want 1 and 1", rec.maxStream, rec.maxItem)

@@ -220,6 +220,9 @@ func (h *LeaseHandle) Overran() bool {
 func (h *LeaseHandle) Dispose() {
 	h.mu.Lock()
 	first := !h.disposed
+	if first && h.overran {
+		h.owner.overrunning.Add(-1)
+	}
 	h.disposeLocked()
 	h.mu.Unlock()
 	if first {
@@ -273,6 +276,7 @@ func (h *LeaseHandle) onTimer() {
 			return
 		}
 		h.overran = true
+		h.owner.overrunning.Add(1)
 		o := Overrun{Key: h.key, Attempt: h.attempt, StreamID: h.stream, Name: h.name, Cause: h.cause, EndedAt: h.endedAt}
 		h.mu.Unlock()
 		h.owner.overrun(o)

@@ -79,6 +79,9 @@ type LeaseRenewalWorker struct {
 	handles map[LeaseKey]*LeaseHandle
 
 	requested, skipped, calls, renewed, lost, errs, dropped, overruns atomic.Uint64
+	// overrunning counts the handlers reported as overrunning whose
+	// dispatch is not over yet (see Overrunning).
+	overrunning atomic.Int64
 }
 
 // NewLeaseRenewalWorker applies defaults, validates cfg and returns a
@@ -235,6 +238,10 @@ func (w *LeaseRenewalWorker) Stats() workers.RenewalStats {
 	}
 	return s
 }
+
+// Overrunning returns how many handlers reported as overrunning (see
+// LeaseHandle.Begin) still run: the dispatch of each is not over.
+func (w *LeaseRenewalWorker) Overrunning() int { return int(w.overrunning.Load()) }
 
 func (w *LeaseRenewalWorker) overrun(o Overrun) {
 	w.overruns.Add(1)
