@@ -311,29 +311,19 @@ func (w *HeartbeatWorker) untilDue(now time.Time) time.Duration {
 	}
 	held := w.lockProvesLiveness()
 	elapsed := now.Sub(last)
-	if vouched && !held {
-		// Peers may evict an instance whose vouched-for lock is gone;
-		// say it is gone first. When that beat failed (the store was
-		// down, which is also when listeners drop), retry every
-		// withdrawRetry rather than every Interval: once the store is
-		// back, peers' lock probes evict within LockLostAfter (3 s by
-		// default), and a listener may take longer than that to
-		// reconnect. A fixed, slow-enough retry is no spin.
-		if ok {
-			return 0
-		}
-		if retry := min(w.opts.Interval, withdrawRetry); elapsed < retry {
-			return retry - elapsed
-		}
-		return 0
-	}
-	if held && !vouched {
-		// The lock proves liveness but the last beat did not say so (the
-		// listener reconnected and took it again, or took it first after
-		// the first beat): say so now. Until a beat vouches for the lock,
-		// peers cannot tell a crash by the lock vanishing and wait for the
-		// stale rule instead, one and a half declared Intervals. After a
-		// failed beat, retry every withdrawRetry, as a withdrawal does.
+	if vouched != held {
+		// The lock is not what the last successful beat said: say so now.
+		// Peers may evict an instance whose vouched-for lock is gone, so
+		// the beat says it is gone first. And until a beat vouches for a
+		// lock the listener took (again, after a reconnect, or first after
+		// the first beat), peers cannot tell a crash by the lock vanishing
+		// and wait for the stale rule, one and a half declared Intervals.
+		// When that beat failed (the store was down, which is also when
+		// listeners drop), retry every withdrawRetry rather than every
+		// Interval: once the store is back, peers' lock probes evict
+		// within LockLostAfter (3 s by default), and a listener may take
+		// longer than that to reconnect. A fixed, slow-enough retry is no
+		// spin.
 		if ok {
 			return 0
 		}
