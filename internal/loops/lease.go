@@ -84,6 +84,7 @@ type LeaseHandle struct {
 	cause        error     // why the context ended
 	endedAt      time.Time // when it ended
 	overran      bool      // the overrun was reported
+	counted      bool      // the overrun is in the owner's overrunning count
 }
 
 func newLeaseHandle(parent context.Context, owner *LeaseRenewalWorker, work driver.Work, start time.Time) *LeaseHandle {
@@ -220,7 +221,10 @@ func (h *LeaseHandle) Overran() bool {
 func (h *LeaseHandle) Dispose() {
 	h.mu.Lock()
 	first := !h.disposed
-	if first && h.overran {
+	// Stop ends a handle whose handler may still run (disposeLocked): its
+	// overrun stays counted until the dispatch itself disposes it.
+	if h.counted {
+		h.counted = false
 		h.owner.overrunning.Add(-1)
 	}
 	h.disposeLocked()
@@ -275,7 +279,7 @@ func (h *LeaseHandle) onTimer() {
 			h.mu.Unlock()
 			return
 		}
-		h.overran = true
+		h.overran, h.counted = true, true
 		h.owner.overrunning.Add(1)
 		o := Overrun{Key: h.key, Attempt: h.attempt, StreamID: h.stream, Name: h.name, Cause: h.cause, EndedAt: h.endedAt}
 		h.mu.Unlock()
