@@ -29,10 +29,13 @@ type SignalSource interface {
 	Available() bool
 }
 
-// Sink receives each non-empty claimed batch. It may block while the
-// dispatcher is full; the claim loop waits for it. ctx is the worker's
-// context (ended by Stop) and carries the claim call's start time, see
-// ClaimStartedAt.
+// Sink receives each non-empty claimed batch, on a goroutine of the
+// worker's own, one batch at a time and in claim order, while the loop
+// goes on to its next claim: a batch waits only for the sink to finish
+// the one before, and the loop claims no further batch meanwhile (a sink
+// that blocks holds up at most one more batch). Stop returns only after
+// every claimed batch went through it. ctx is the worker's context (ended
+// by Stop) and carries the claim call's start time, see ClaimStartedAt.
 type Sink func(ctx context.Context, batch []driver.Work)
 
 // ClaimConfig is the argument of NewClaimWorker.
@@ -52,8 +55,10 @@ type ClaimConfig struct {
 	// Sink receives claimed batches. Required.
 	Sink Sink
 	// Capacity, when set, returns the dispatcher's free room: the worker
-	// claims at most min(MaxStreamsPerBatch, free) rows per category, and
-	// with no room it waits for RequestImmediatePoll instead of claiming.
+	// claims at most min(MaxStreamsPerBatch, free) rows per category, free
+	// less the rows of a batch still on its way to the sink, and with no
+	// room it waits for RequestImmediatePoll (or that batch) instead of
+	// claiming.
 	Capacity func() int
 	Logger   hclog.Logger // nil: no logs
 	Hooks    ClaimHooks
@@ -599,6 +604,10 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 	claimCtx, cancelClaims := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelClaims()
 	defer context.AfterFunc(w.abort, cancelClaims)()
+	// The sink runs beside the next claim: a batch is handed to the feed,
+	// and the loop goes on to its wait or its next claim (see sinkFeed).
+	feed := w.startFeed()
+	defer feed.close()
 	registered := false
 	emptyPolls := 0
 	caughtUp := false
@@ -636,6 +645,9 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		limit := w.opts.MaxStreamsPerBatch
 		if w.capacity != nil {
 			free := w.capacity()
+			if free > 0 {
+				free = feed.room(free)
+			}
 			if free <= 0 {
 				bounded = false
 				if !w.waitWake(ctx) {
@@ -716,7 +728,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal, Paced: paced})
 		}
 		if len(res.Work) > 0 {
-			w.sink(context.WithValue(ctx, claimStampKey{}, stamp), res.Work)
+			feed.hand(context.WithValue(ctx, claimStampKey{}, stamp), res.Work)
 		}
 		var selfWait time.Duration
 		var selfDecides bool
@@ -732,7 +744,8 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			continue
 		}
 		bounded = false
-		// The sink may have blocked for long; the gate may have changed.
+		// A wait for the sink's last batch may have been long; the gate
+		// may have changed.
 		if w.sub != nil {
 			w.noteGate(w.sub.Available())
 			if w.reconnected {
