@@ -644,10 +644,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		}
 		limit := w.opts.MaxStreamsPerBatch
 		if w.capacity != nil {
-			free := w.capacity()
-			if free > 0 {
-				free = feed.room(free)
-			}
+			free := feed.room(w.capacity)
 			if free <= 0 {
 				bounded = false
 				if !w.waitWake(ctx) {

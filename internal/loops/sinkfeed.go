@@ -51,20 +51,26 @@ func (f *sinkFeed) hand(ctx context.Context, batch []driver.Work) {
 	f.jobs <- sinkJob{ctx: ctx, batch: batch}
 }
 
-// room returns free less the items in transit. When that leaves no room,
-// the loop waits for RequestImmediatePoll: the feed sends one when its
-// batch is through (the re-check covers a batch that went through between
-// the load and the store).
-func (f *sinkFeed) room(free int) int {
-	if left := free - int(f.transit.Load()); left > 0 {
+// room returns the free room capacity reports less the items in transit.
+// transit is read before capacity: a batch the sink counts as in flight
+// in between is then counted twice (the claim asks for less), never
+// missed. When that leaves no room while a batch is in transit, the loop
+// waits for RequestImmediatePoll, which the feed sends once the batch is
+// through (the re-check covers a batch that went through between the
+// loads and the store); with none in transit, capacity's own wake-up
+// applies.
+func (f *sinkFeed) room(capacity func() int) int {
+	t := f.transit.Load()
+	left := capacity() - int(t)
+	if left > 0 || t == 0 {
 		return left
 	}
 	f.starved.Store(true)
-	if left := free - int(f.transit.Load()); left > 0 {
+	t = f.transit.Load()
+	if left = capacity() - int(t); left > 0 {
 		f.starved.Store(false)
-		return left
 	}
-	return 0
+	return left
 }
 
 // close waits until every batch handed went through the sink: a loop

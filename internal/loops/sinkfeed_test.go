@@ -3,6 +3,7 @@ package loops
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -162,6 +163,45 @@ func TestClaimStopWaitsForTheSink(t *testing.T) {
 		defer mu.Unlock()
 		if n := len(coord.of("claim")) * 5; got != n {
 			t.Fatalf("Stop returned with %d of %d claimed items through the sink", got, n)
+		}
+	})
+}
+
+// The batch in transit is read before the dispatcher's count: a batch the
+// sink counts as in flight between the two reads is counted twice, never
+// missed, so the loop never claims into room the sink already filled.
+func TestClaimRoomReadsTransitFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const maxInFlight = 100
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			time.Sleep(ms(10))
+			return driver.ClaimResult{Work: work(driver.Inbox, req.MaxPerCategory), HasMore: true}, nil
+		}}
+		var inflight, calls atomic.Int64
+		sunk := make(chan struct{})
+		var once atomic.Bool
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 60, DisablePacing: true}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Capacity = func() int {
+				free := maxInFlight - int(inflight.Load())
+				if calls.Add(1) == 2 {
+					<-sunk // the loop held up after this read until the sink returned
+				}
+				return max(free, 0)
+			}
+			c.Sink = func(ctx context.Context, batch []driver.Work) {
+				time.Sleep(ms(25))
+				inflight.Add(int64(len(batch))) // the dispatcher holds them
+				if once.CompareAndSwap(false, true) {
+					close(sunk)
+				}
+			}
+		})
+		r.start()
+		time.Sleep(time.Second)
+		stop(t, r.w)
+		if n := inflight.Load(); n > maxInFlight {
+			t.Fatalf("in flight %d > %d: a claim counted room the sink had filled", n, maxInFlight)
 		}
 	})
 }
