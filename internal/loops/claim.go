@@ -29,11 +29,13 @@ type SignalSource interface {
 	Available() bool
 }
 
-// Sink receives each non-empty claimed batch, on a goroutine of the
-// worker's own, one batch at a time and in claim order, while the loop
-// goes on to its next claim: a batch waits only for the sink to finish
-// the one before, and the loop claims no further batch meanwhile (a sink
-// that blocks holds up at most one more batch). Stop returns only after
+// Sink receives each non-empty claimed batch, one batch at a time and in
+// claim order. A full batch (the loop claims again at once) goes to it on a
+// goroutine of the worker's own while the next claim runs: that claim's
+// batch waits only for the sink to finish the one before, and the loop
+// claims no further batch meanwhile (a sink that blocks holds up at most
+// one more batch). Any other batch goes through it before the loop waits,
+// as it may block while the dispatcher is full. Stop returns only after
 // every claimed batch went through it. ctx is the worker's context (ended
 // by Stop) and carries the claim call's start time, see ClaimStartedAt.
 type Sink func(ctx context.Context, batch []driver.Work)
@@ -604,8 +606,9 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 	claimCtx, cancelClaims := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelClaims()
 	defer context.AfterFunc(w.abort, cancelClaims)()
-	// The sink runs beside the next claim: a batch is handed to the feed,
-	// and the loop goes on to its wait or its next claim (see sinkFeed).
+	// A batch after which the loop claims again at once goes to the sink
+	// beside that claim; any other goes through the sink before the loop
+	// waits (see sinkFeed).
 	feed := w.startFeed()
 	defer feed.close()
 	registered := false
@@ -725,7 +728,12 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal, Paced: paced})
 		}
 		if len(res.Work) > 0 {
-			feed.hand(context.WithValue(ctx, claimStampKey{}, stamp), res.Work)
+			sctx := context.WithValue(ctx, claimStampKey{}, stamp)
+			if res.HasMore {
+				feed.hand(sctx, res.Work)
+			} else {
+				feed.call(sctx, res.Work)
+			}
 		}
 		var selfWait time.Duration
 		var selfDecides bool
@@ -741,8 +749,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			continue
 		}
 		bounded = false
-		// A wait for the sink's last batch may have been long; the gate
-		// may have changed.
+		// The sink may have blocked for long; the gate may have changed.
 		if w.sub != nil {
 			w.noteGate(w.sub.Available())
 			if w.reconnected {

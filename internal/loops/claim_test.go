@@ -692,22 +692,34 @@ func TestClaimCategoriesPassed(t *testing.T) {
 }
 
 func TestClaimStopDuringSink(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
-			return driver.ClaimResult{Work: work(driver.Outbox, 1)}, nil
-		}}
-		r := newClaimRig(t, coord, tightNoSub, nil, func(c *ClaimConfig) {
-			c.Sink = func(ctx context.Context, batch []driver.Work) { <-ctx.Done() } // a full dispatcher
+	for _, tc := range []struct {
+		name    string
+		hasMore bool
+		claims  int
+	}{
+		// A short batch goes through the sink before the loop waits.
+		{"short batch", false, 1},
+		// The claim after a full batch runs beside the blocked sink; the
+		// loop then waits to hand its batch over, and claims no more.
+		{"full batch", true, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+					return driver.ClaimResult{Work: work(driver.Outbox, 1), HasMore: tc.hasMore}, nil
+				}}
+				r := newClaimRig(t, coord, tightNoSub, nil, func(c *ClaimConfig) {
+					c.Sink = func(ctx context.Context, batch []driver.Work) { <-ctx.Done() } // a full dispatcher
+				})
+				r.start()
+				time.Sleep(time.Minute)
+				stop(t, r.w)
+				if n := len(r.claims()); n != tc.claims {
+					t.Fatalf("%d claims while the sink was blocked, want %d", n, tc.claims)
+				}
+			})
 		})
-		r.start()
-		time.Sleep(time.Minute)
-		stop(t, r.w)
-		// The claim after the first ran beside the blocked sink; the loop
-		// then waited to hand its batch over, and claimed nothing more.
-		if n := len(r.claims()); n != 2 {
-			t.Fatalf("%d claims while the sink was blocked, want 2", n)
-		}
-	})
+	}
 }
 
 func TestClaimConstructorRejects(t *testing.T) {

@@ -7,24 +7,30 @@ import (
 	"github.com/workpump/workpump/driver"
 )
 
-// sinkFeed runs the claim loop's sink on a goroutine of its own, one batch
-// at a time and in claim order, so that the next claim does not wait for
-// the last batch to be handed out: with a backlog, the loop's claims then
-// run back to back in the store while the sink works beside them. The
-// loop hands a batch only once the sink took the one before (the feed
-// holds at most one), and counts the batch in transit against the room it
-// claims into, since the sink has not yet counted it as in flight.
+// sinkFeed runs the claim loop's sink for full batches on a goroutine of
+// its own, one batch at a time and in claim order, so that the claim that
+// follows a full batch at once does not wait for that batch to be handed
+// out: with a backlog, the loop's claims then run back to back in the
+// store while the sink works beside them. The loop hands a batch only once
+// the sink took the one before (the feed holds at most one), and counts
+// the batch in transit against the room it claims into, since the sink has
+// not yet counted it as in flight. A batch after which the loop waits goes
+// through the sink on the loop's own goroutine (call), after the batch
+// before it: a hand-off would only add a goroutine's wake-up to its
+// pickup.
 type sinkFeed struct {
 	w       *ClaimWorker
 	jobs    chan sinkJob
 	done    chan struct{}
-	transit atomic.Int64 // items handed and not yet through the sink
-	starved atomic.Bool  // the loop found no room for the items in transit
+	transit atomic.Int64  // items handed and not yet through the sink
+	starved atomic.Bool   // the loop found no room for the items in transit
+	last    chan struct{} // the done of the batch handed last (the loop's)
 }
 
 type sinkJob struct {
 	ctx   context.Context
 	batch []driver.Work
+	done  chan struct{} // closed once the batch went through the sink
 }
 
 func (w *ClaimWorker) startFeed() *sinkFeed {
@@ -37,6 +43,7 @@ func (f *sinkFeed) run() {
 	defer close(f.done)
 	for j := range f.jobs {
 		f.w.sink(j.ctx, j.batch)
+		close(j.done)
 		f.transit.Add(-int64(len(j.batch)))
 		if f.starved.CompareAndSwap(true, false) {
 			f.w.RequestImmediatePoll()
@@ -48,7 +55,19 @@ func (f *sinkFeed) run() {
 // the batch before.
 func (f *sinkFeed) hand(ctx context.Context, batch []driver.Work) {
 	f.transit.Add(int64(len(batch)))
-	f.jobs <- sinkJob{ctx: ctx, batch: batch}
+	j := sinkJob{ctx: ctx, batch: batch, done: make(chan struct{})}
+	f.jobs <- j
+	f.last = j.done
+}
+
+// call runs the sink on the caller's goroutine, once the batch handed last
+// went through it.
+func (f *sinkFeed) call(ctx context.Context, batch []driver.Work) {
+	if f.last != nil {
+		<-f.last
+		f.last = nil
+	}
+	f.w.sink(ctx, batch)
 }
 
 // room returns the free room capacity reports less the items in transit.

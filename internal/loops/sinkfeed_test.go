@@ -2,6 +2,8 @@ package loops
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,6 +204,50 @@ func TestClaimRoomReadsTransitFirst(t *testing.T) {
 		stop(t, r.w)
 		if n := inflight.Load(); n > maxInFlight {
 			t.Fatalf("in flight %d > %d: a claim counted room the sink had filled", n, maxInFlight)
+		}
+	})
+}
+
+// A short batch goes through the sink on the loop's goroutine, but only
+// after the full batch before it: batches reach the sink one at a time, in
+// claim order.
+func TestClaimShortBatchFollowsTheFullOneThroughTheSink(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			switch n {
+			case 1:
+				return driver.ClaimResult{Work: work(driver.Inbox, 50), HasMore: true}, nil
+			case 2:
+				return driver.ClaimResult{Work: work(driver.Inbox, 3)}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		var mu sync.Mutex
+		var log []string
+		busy := false
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50, DisablePacing: true}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Sink = func(ctx context.Context, batch []driver.Work) {
+				mu.Lock()
+				if busy {
+					log = append(log, "overlap")
+				}
+				busy = true
+				mu.Unlock()
+				time.Sleep(ms(50))
+				mu.Lock()
+				busy = false
+				log = append(log, fmt.Sprint(len(batch)))
+				mu.Unlock()
+			}
+		})
+		r.start()
+		time.Sleep(ms(200))
+		stop(t, r.w)
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(log, []string{"50", "3"}) {
+			t.Fatalf("sink calls %v, want [50 3]: one at a time, in claim order", log)
 		}
 	})
 }
