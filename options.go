@@ -36,9 +36,13 @@ type Options struct {
 	// Concurrency is the number of handler goroutines (default 16). Items of
 	// one stream always run one at a time, in order.
 	Concurrency int
-	// MaxInFlight caps claimed-but-unfinished items held by this instance
-	// (default 2000): the claim loop asks for no more than the free room, so
-	// a slow handler set never sits on leases other instances could use.
+	// MaxInFlight bounds the claimed-but-unfinished items held by this
+	// instance (default 2000): the claim loop claims nothing while they
+	// fill it, and asks each category for no more than the free room, so a
+	// slow handler set never sits on leases other instances could use. One
+	// claim asks every category it serves for that room, so with work in
+	// several categories at once it can bring up to that many times the
+	// room (four at most).
 	MaxInFlight int
 
 	// MaxAttempts: a failure on this attempt dead-letters the item (default

@@ -76,17 +76,21 @@ func (f *sinkFeed) call(ctx context.Context, batch []driver.Work) {
 // missed. When that leaves no room while a batch is in transit, the loop
 // waits for RequestImmediatePoll, which the feed sends once the batch is
 // through (the re-check covers a batch that went through between the
-// loads and the store); with none in transit, capacity's own wake-up
-// applies.
+// loads and the store). Otherwise no wait for the feed is left standing:
+// with room, or with none in transit (capacity's own wake-up applies), a
+// later batch's passage must not wake the loop. (A feed that clears the
+// flag and wakes the loop just before the re-check finds room leaves one
+// wake-up behind: one claim more, never one less.)
 func (f *sinkFeed) room(capacity func() int) int {
 	t := f.transit.Load()
 	left := capacity() - int(t)
 	if left > 0 || t == 0 {
+		f.starved.Store(false)
 		return left
 	}
 	f.starved.Store(true)
 	t = f.transit.Load()
-	if left = capacity() - int(t); left > 0 {
+	if left = capacity() - int(t); left > 0 || t == 0 {
 		f.starved.Store(false)
 	}
 	return left

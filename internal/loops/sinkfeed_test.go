@@ -2,7 +2,9 @@ package loops
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -250,4 +252,182 @@ func TestClaimShortBatchFollowsTheFullOneThroughTheSink(t *testing.T) {
 			t.Fatalf("sink calls %v, want [50 3]: one at a time, in claim order", log)
 		}
 	})
+}
+
+// Another wake (a handler finishing) ends the loop's wait for the batch in
+// transit, and the room then suffices: the feed must not wake the loop once
+// that batch is through, or a signal-only wait would end at once with a
+// claim nothing asked for.
+func TestClaimNoWakeForATransitWaitThatEnded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			switch n {
+			case 1:
+				return driver.ClaimResult{Work: work(driver.Inbox, 5), HasMore: true}, nil
+			case 2:
+				return driver.ClaimResult{Work: work(driver.Inbox, 1)}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		var free atomic.Int64
+		free.Store(5)
+		release := make(chan struct{})
+		var first atomic.Bool
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 5, DisablePacing: true, DisableSafetyNetPoll: true}, newFakeSub(true), func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Capacity = func() int { return int(free.Load()) }
+			c.Sink = func(ctx context.Context, batch []driver.Work) {
+				if first.CompareAndSwap(false, true) {
+					<-release // batch 1 still in transit
+				}
+			}
+		})
+		r.start()
+		synctest.Wait() // claim 1 handed; no room beside it: the loop waits (starved set)
+		// A handler finishes: room frees and the dispatcher wakes the loop
+		// while batch 1 is still in the sink.
+		free.Store(10)
+		r.w.RequestImmediatePoll()
+		synctest.Wait() // claim 2 (5 rows of room, returns 1 row: not full) waits in call
+		close(release)  // batch 1 through: the feed wakes the loop (stale starved)
+		time.Sleep(time.Hour)
+		stop(t, r.w)
+		if c := r.claims(); len(c) != 2 {
+			t.Fatalf("claims %v: want 2 (signal-only wait after claim 2; nothing asked for a third)", c)
+		}
+	})
+}
+
+// The batch in transit goes through between room's first read of transit
+// and its wait (the feed sends no wake), and the re-check finds the
+// dispatcher full, whose own wake applies: no wait for the feed may be
+// left behind, or a full batch hours later would wake the loop during the
+// claim after it and end the wait after that claim early.
+func TestClaimNoTransitWaitLeftBehind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+			time.Sleep(ms(10))
+			switch n {
+			case 1, 3:
+				return driver.ClaimResult{Work: work(driver.Inbox, 5), HasMore: true}, nil
+			case 2:
+				return driver.ClaimResult{Work: work(driver.Inbox, 1)}, nil
+			}
+			return driver.ClaimResult{}, nil
+		}}
+		var free, calls atomic.Int64
+		free.Store(5)
+		release := make(chan struct{})
+		var first atomic.Bool
+		sub := newFakeSub(true)
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 5, DisablePacing: true, DisableSafetyNetPoll: true}, sub, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Capacity = func() int {
+				f := int(free.Load())
+				if calls.Add(1) == 2 { // room's first capacity read after claim 1
+					close(release)    // batch 1 goes through the sink now
+					time.Sleep(ms(5)) // the feed finishes meanwhile
+				}
+				return f
+			}
+			c.Sink = func(ctx context.Context, batch []driver.Work) {
+				if first.CompareAndSwap(false, true) {
+					<-release
+					free.Store(0) // the dispatcher holds batch 1: full
+				}
+				time.Sleep(ms(1))
+			}
+		})
+		r.start()
+		time.Sleep(time.Hour) // waitWake (dispatcher full)
+		free.Store(10)
+		r.w.RequestImmediatePoll() // a handler finished
+		time.Sleep(time.Hour)      // claim 2 (short), then signal-only idle
+		sub.send(driver.SignalWork)
+		time.Sleep(time.Hour) // claim 3 full, claim 4 empty; then idle
+		stop(t, r.w)
+		// Claim 4 is bounded and comes back short: the next claim follows
+		// at the tight base (afterShort), 250 ms after it ends; nothing
+		// wakes the loop before.
+		eqDurations(t, "claims", r.claims(), []time.Duration{0, time.Hour, 2 * time.Hour, 2*time.Hour + ms(10), 2*time.Hour + ms(270)})
+	})
+}
+
+// Random mixes of full, short, empty and failed claims, with room waits
+// and Stop at a random point: batches reach the sink one at a time, in
+// claim order, within the room, and all of them before Stop returns.
+func TestClaimSinkOrderUnderRandomMixes(t *testing.T) {
+	for seed := range 300 {
+		synctest.Test(t, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(seed), 1))
+			var mu sync.Mutex
+			claimed := map[uint64]bool{}
+			var sunk []uint64
+			busy := false
+			var inflight atomic.Int64
+			coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
+				mu.Lock()
+				k, d := rng.IntN(5), rng.IntN(20)
+				mu.Unlock()
+				time.Sleep(ms(float64(d)))
+				switch k {
+				case 0:
+					return driver.ClaimResult{}, errors.New("boom")
+				case 1:
+					return driver.ClaimResult{}, nil
+				case 2:
+					return driver.ClaimResult{Work: work(driver.Inbox, max(1, req.MaxPerCategory/2))}, nil
+				}
+				mu.Lock()
+				claimed[uint64(n)] = true
+				mu.Unlock()
+				return driver.ClaimResult{Work: work(driver.Inbox, req.MaxPerCategory), HasMore: true}, nil
+			}}
+			var r *claimRig
+			r = newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 10, PollInterval: ms(5), MaxPollInterval: ms(20)}, nil, func(c *ClaimConfig) {
+				c.Categories = []driver.Category{driver.Inbox}
+				c.Capacity = func() int { return 25 - int(inflight.Load()) }
+				c.Sink = func(ctx context.Context, batch []driver.Work) {
+					n, _ := ClaimNumber(ctx)
+					mu.Lock()
+					if busy {
+						t.Errorf("seed %d: overlapping sink calls", seed)
+					}
+					busy = true
+					d := rng.IntN(30)
+					mu.Unlock()
+					if inflight.Add(int64(len(batch))) > 25 {
+						t.Errorf("seed %d: in flight %d > 25", seed, inflight.Load())
+					}
+					time.Sleep(ms(float64(d)))
+					mu.Lock()
+					busy = false
+					sunk = append(sunk, n)
+					mu.Unlock()
+					go func() { // items finish later
+						time.Sleep(ms(float64(d * 3)))
+						inflight.Add(-int64(len(batch)))
+						r.w.RequestImmediatePoll()
+					}()
+				}
+			})
+			mu.Lock()
+			stopAt := rng.IntN(500)
+			mu.Unlock()
+			r.start()
+			time.Sleep(ms(float64(stopAt)))
+			stop(t, r.w)
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.IsSorted(sunk) {
+				t.Fatalf("seed %d: sink order %v", seed, sunk)
+			}
+			for n := range claimed {
+				if !slices.Contains(sunk, n) {
+					t.Fatalf("seed %d: full batch of claim %d never reached the sink before Stop returned", seed, n)
+				}
+			}
+			time.Sleep(time.Second) // let the item goroutines end
+		})
+	}
 }
