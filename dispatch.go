@@ -169,17 +169,9 @@ func (d *dispatcher) overLimit(w driver.Work) string {
 func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	d.subMu.RLock()
 	defer d.subMu.RUnlock()
-	if d.closed || d.stopping.Load() {
-		// Stop began while this claim was under way: its rows never
-		// start, and are given back with the rest if Stop has not
-		// released them yet, else Deregister frees them.
-		d.mu.Lock()
-		for _, w := range batch {
-			d.giveBack = append(d.giveBack, w.Ref())
-		}
-		d.mu.Unlock()
-		return
-	}
+	// An attempt past MaxAttempts is dead-lettered unrun, also when Stop
+	// has begun: given back, it would be handed out again at the same
+	// attempt.
 	for i := 0; i < len(batch); i++ {
 		if msg := d.overLimit(batch[i]); msg != "" {
 			// Copy before filtering: the batch belongs to the claim worker.
@@ -196,6 +188,17 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 		}
 	}
 	if len(batch) == 0 {
+		return
+	}
+	if d.closed || d.stopping.Load() {
+		// Stop began while this claim was under way: its rows never
+		// start, and are given back with the rest if Stop has not
+		// released them yet, else Deregister frees them.
+		d.mu.Lock()
+		for _, w := range batch {
+			d.giveBack = append(d.giveBack, w.Ref())
+		}
+		d.mu.Unlock()
 		return
 	}
 	claimStart, _ := loops.ClaimStartedAt(ctx)

@@ -652,3 +652,53 @@ func TestPump_StopStartsNothingWhileAClaimIsInFlight(t *testing.T) {
 		}
 	})
 }
+
+// TestPump_StopDuringAClaimDeadLettersPastMaxAttempts: Stop comes while a
+// claim is in flight that hands out an attempt past MaxAttempts. That row
+// goes to the dead letters as it would without Stop; given back, it would
+// be handed out again at the same attempt. The other row of the claim is
+// given back unstarted.
+func TestPump_StopDuringAClaimDeadLettersPastMaxAttempts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := &lateAnswerStore{Store: memdriver.New(memdriver.Options{}), delay: func(int) time.Duration { return time.Second }}
+		ids := enqueue(t, s.Store,
+			driver.NewWork{Category: driver.Outbox, StreamID: "over"},
+			driver.NewWork{Category: driver.Outbox, StreamID: "fresh"})
+		// A claimer that dies holding the first row: attempt 1, no outcome.
+		ghost := uuid.Must(uuid.NewV7())
+		if _, err := s.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: ghost, ServiceName: "ghost"}, StaleAfter: time.Minute, DeadAfter: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := s.Store.ClaimWork(ctx, driver.ClaimRequest{InstanceID: ghost, Lease: time.Minute, MaxPerCategory: 1}); err != nil || len(res.Work) != 1 || res.Work[0].ID != ids[0] {
+			t.Fatalf("ghost claim: %v %v", res.Work, err)
+		}
+		time.Sleep(2 * time.Minute)
+		if _, err := s.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: time.Minute, DeadAfter: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		opts := quietOptions()
+		opts.Categories = []driver.Category{driver.Outbox}
+		opts.MaxAttempts = 1
+		p, err := workpump.New(s, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ran atomic.Int32
+		p.Handle(driver.Outbox, "", func(context.Context, workpump.Work) error { ran.Add(1); return nil })
+		p.Start(t.Context())
+		time.Sleep(500 * time.Millisecond) // the claim is in flight
+		stop(t, p)
+		dl, _ := s.ListDeadLetters(ctx, 0)
+		if len(dl) != 1 || dl[0].ID != ids[0] || dl[0].Attempts != 2 {
+			t.Fatalf("dead letters %+v, want %s at attempt 2", dl, ids[0])
+		}
+		if _, ok, _ := s.GetWork(ctx, driver.Outbox, ids[0]); ok {
+			t.Errorf("the row past MaxAttempts is still in the outbox")
+		}
+		assertReleased(t, s.Store, ids[1], "the other row of the claim in flight at Stop")
+		if n := ran.Load(); n != 0 {
+			t.Errorf("%d handlers ran, want 0", n)
+		}
+	})
+}
