@@ -171,26 +171,51 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 	defer d.subMu.RUnlock()
 	// An attempt past MaxAttempts is dead-lettered unrun, also when Stop
 	// has begun: given back, it would be handed out again at the same
-	// attempt.
+	// attempt. Where its dead letter holds its stream, the later rows of
+	// the stream in the batch (after it: a batch is in seq order) do not
+	// run either: they are given back, and wait behind it.
+	stopping := d.closed || d.stopping.Load()
 	for i := 0; i < len(batch); i++ {
 		if msg := d.overLimit(batch[i]); msg != "" {
 			// Copy before filtering: the batch belongs to the claim worker.
 			keep := make([]driver.Work, 0, len(batch)-1)
+			var held map[scopeKey]bool
+			var behind []driver.Work
 			for _, w := range batch {
-				if msg := d.overLimit(w); msg != "" {
-					d.deadLetter(w, msg)
-				} else {
+				k := scopeOf(w)
+				switch msg := d.overLimit(w); {
+				case held[k]:
+					behind = append(behind, w)
+				case msg != "":
+					if d.deadLetter(w, msg) && w.StreamID != "" {
+						if held == nil {
+							held = make(map[scopeKey]bool)
+						}
+						held[k] = true
+					}
+				default:
 					keep = append(keep, w)
 				}
 			}
 			batch = keep
+			if len(behind) > 0 {
+				if stopping {
+					d.mu.Lock()
+					for _, w := range behind {
+						d.giveBack = append(d.giveBack, w.Ref())
+					}
+					d.mu.Unlock()
+				} else {
+					d.p.release(behind)
+				}
+			}
 			break
 		}
 	}
 	if len(batch) == 0 {
 		return
 	}
-	if d.closed || d.stopping.Load() {
+	if stopping {
 		// Stop began while this claim was under way: its rows never
 		// start, and are given back with the rest if Stop has not
 		// released them yet, else Deregister frees them.
@@ -255,12 +280,14 @@ func (d *dispatcher) submit(ctx context.Context, batch []driver.Work) {
 }
 
 // deadLetter fails an attempt that will not run, counting it in and out.
-func (d *dispatcher) deadLetter(w driver.Work, msg string) {
+// It reports whether the dead letter holds the attempt's stream.
+func (d *dispatcher) deadLetter(w driver.Work, msg string) bool {
 	d.p.log.Warn("claimed attempt exceeds MaxAttempts; dead-lettering it without running it",
 		"category", w.Category, "id", w.ID, "name", w.Name, "stream", w.StreamID,
 		"attempt", w.Attempts, "max_attempts", d.p.opts.MaxAttempts)
 	f := driver.Failure{Ref: w.Ref(), Error: msg, HoldStream: d.p.opts.holdsStream(w.Category, w.Name)}
 	d.p.queueFailure(f, errors.New(msg))
+	return f.HoldStream
 }
 
 // giveBackRest hands the items of r from index i on to Stop's release list.

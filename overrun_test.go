@@ -702,3 +702,67 @@ func TestPump_StopDuringAClaimDeadLettersPastMaxAttempts(t *testing.T) {
 		}
 	})
 }
+
+// TestPump_PastMaxAttemptsOnAHeldStreamStopsItsStream: an attempt past
+// MaxAttempts is dead-lettered unrun on a stream its dead letter holds;
+// the later row of that stream, claimed in the same batch, does not run
+// but waits behind the dead letter, with or without Stop coming while the
+// claim is in flight.
+func TestPump_PastMaxAttemptsOnAHeldStreamStopsItsStream(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		delay    time.Duration // the claim's answer
+		stopAt   time.Duration
+		released bool // the later row is given back at Stop
+	}{
+		{"running", 0, 2 * time.Second, false},
+		{"stop during the claim", time.Second, 500 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := context.Background()
+				s := &lateAnswerStore{Store: memdriver.New(memdriver.Options{}), delay: func(int) time.Duration { return tc.delay }}
+				first := enqueue(t, s.Store, driver.NewWork{Category: driver.Outbox, StreamID: "s"})[0]
+				// A claimer that dies holding the first row: attempt 1, no outcome.
+				ghost := uuid.Must(uuid.NewV7())
+				if _, err := s.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: ghost, ServiceName: "ghost"}, StaleAfter: time.Minute, DeadAfter: time.Hour}); err != nil {
+					t.Fatal(err)
+				}
+				if res, err := s.Store.ClaimWork(ctx, driver.ClaimRequest{InstanceID: ghost, Lease: time.Minute, MaxPerCategory: 1}); err != nil || len(res.Work) != 1 {
+					t.Fatalf("ghost claim: %v %v", res.Work, err)
+				}
+				later := enqueue(t, s.Store, driver.NewWork{Category: driver.Outbox, StreamID: "s"})[0]
+				time.Sleep(2 * time.Minute)
+				if _, err := s.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: time.Minute, DeadAfter: time.Minute}); err != nil {
+					t.Fatal(err)
+				}
+				opts := quietOptions()
+				opts.Categories = []driver.Category{driver.Outbox}
+				opts.MaxAttempts = 1
+				opts.DeadLetterStreams = []workpump.StreamPolicy{{Category: driver.Outbox, Hold: true}}
+				p, err := workpump.New(s, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ran atomic.Int32
+				p.Handle(driver.Outbox, "", func(context.Context, workpump.Work) error { ran.Add(1); return nil })
+				p.Start(t.Context())
+				time.Sleep(tc.stopAt)
+				stop(t, p)
+				if dl, _ := s.ListDeadLetters(ctx, 0); len(dl) != 1 || dl[0].ID != first {
+					t.Fatalf("dead letters %+v, want the first row", dl)
+				}
+				if n := ran.Load(); n != 0 {
+					t.Errorf("%d handlers ran, want 0: the later row waits behind the held dead letter", n)
+				}
+				ws, ok, _ := s.GetWork(ctx, driver.Outbox, later)
+				if !ok || ws.InstanceID != uuid.Nil || !ws.ProcessedAt.IsZero() {
+					t.Errorf("later row: present %v, owner %s, processed %v; want it pending and unowned", ok, ws.InstanceID, ws.ProcessedAt)
+				}
+				if tc.released {
+					assertReleased(t, s.Store, later, "the later row of the claim in flight at Stop")
+				}
+			})
+		})
+	}
+}
