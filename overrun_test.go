@@ -279,26 +279,10 @@ func TestPump_ReclaimedPastMaxAttemptsIsDeadLetteredUnrun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		s := memdriver.New(memdriver.Options{})
-		var id uuid.UUID
+		id := enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "c"})[0]
 		// Two claimers that die holding it: attempts 1 and 2, no outcome.
-		for i := range 2 {
-			ghost := uuid.Must(uuid.NewV7())
-			if _, err := s.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: ghost, ServiceName: "ghost"}, StaleAfter: time.Minute, DeadAfter: time.Hour}); err != nil {
-				t.Fatal(err)
-			}
-			if i == 0 {
-				id = enqueue(t, s, driver.NewWork{Category: driver.Outbox, StreamID: "c"})[0]
-			}
-			res, err := s.ClaimWork(ctx, driver.ClaimRequest{InstanceID: ghost, Lease: time.Minute, MaxPerCategory: 10})
-			if err != nil || len(res.Work) != 1 {
-				t.Fatalf("ghost claim: %v %v", res.Work, err)
-			}
-			// Its eviction: the lease is cleared, the attempt stays charged.
-			time.Sleep(2 * time.Minute)
-			if _, err := s.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: time.Minute, DeadAfter: time.Minute}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		crashedAttempt(t, s, id)
+		crashedAttempt(t, s, id)
 		if ws, _, _ := s.GetWork(ctx, driver.Outbox, id); ws.Attempts != 2 || ws.InstanceID != uuid.Nil {
 			t.Fatalf("after two crashed claims: attempts %d, owner %s; want 2 and none", ws.Attempts, ws.InstanceID)
 		}
@@ -340,6 +324,25 @@ func TestPump_ReclaimedPastMaxAttemptsIsDeadLetteredUnrun(t *testing.T) {
 			t.Errorf("WARN lines naming the item = %d, want 1", len(l))
 		}
 	})
+}
+
+// crashedAttempt has a claimer take id, the one row it claims, and die
+// holding it: its eviction clears the lease and leaves the attempt
+// charged. It runs in a synctest bubble (it waits out the stale time).
+func crashedAttempt(t *testing.T, s *memdriver.Store, id uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	ghost := uuid.Must(uuid.NewV7())
+	if _, err := s.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: ghost, ServiceName: "ghost"}, StaleAfter: time.Minute, DeadAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.ClaimWork(ctx, driver.ClaimRequest{InstanceID: ghost, Lease: time.Minute, MaxPerCategory: 1}); err != nil || len(res.Work) != 1 || res.Work[0].ID != id {
+		t.Fatalf("ghost claim: %v %v, want %s", res.Work, err, id)
+	}
+	time.Sleep(2 * time.Minute)
+	if _, err := s.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: time.Minute, DeadAfter: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // assertReleased checks that a row is back in the store as if it had not
@@ -666,17 +669,7 @@ func TestPump_StopDuringAClaimDeadLettersPastMaxAttempts(t *testing.T) {
 			driver.NewWork{Category: driver.Outbox, StreamID: "over"},
 			driver.NewWork{Category: driver.Outbox, StreamID: "fresh"})
 		// A claimer that dies holding the first row: attempt 1, no outcome.
-		ghost := uuid.Must(uuid.NewV7())
-		if _, err := s.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: ghost, ServiceName: "ghost"}, StaleAfter: time.Minute, DeadAfter: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-		if res, err := s.Store.ClaimWork(ctx, driver.ClaimRequest{InstanceID: ghost, Lease: time.Minute, MaxPerCategory: 1}); err != nil || len(res.Work) != 1 || res.Work[0].ID != ids[0] {
-			t.Fatalf("ghost claim: %v %v", res.Work, err)
-		}
-		time.Sleep(2 * time.Minute)
-		if _, err := s.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: time.Minute, DeadAfter: time.Minute}); err != nil {
-			t.Fatal(err)
-		}
+		crashedAttempt(t, s.Store, ids[0])
 		opts := quietOptions()
 		opts.Categories = []driver.Category{driver.Outbox}
 		opts.MaxAttempts = 1
@@ -722,20 +715,12 @@ func TestPump_PastMaxAttemptsOnAHeldStreamStopsItsStream(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				ctx := context.Background()
 				s := &lateAnswerStore{Store: memdriver.New(memdriver.Options{}), delay: func(int) time.Duration { return tc.delay }}
-				first := enqueue(t, s.Store, driver.NewWork{Category: driver.Outbox, StreamID: "s"})[0]
+				ids := enqueue(t, s.Store,
+					driver.NewWork{Category: driver.Outbox, StreamID: "s"},
+					driver.NewWork{Category: driver.Outbox, StreamID: "s"})
+				first, later := ids[0], ids[1]
 				// A claimer that dies holding the first row: attempt 1, no outcome.
-				ghost := uuid.Must(uuid.NewV7())
-				if _, err := s.RecordHeartbeat(ctx, driver.HeartbeatRequest{Instance: driver.Instance{ID: ghost, ServiceName: "ghost"}, StaleAfter: time.Minute, DeadAfter: time.Hour}); err != nil {
-					t.Fatal(err)
-				}
-				if res, err := s.Store.ClaimWork(ctx, driver.ClaimRequest{InstanceID: ghost, Lease: time.Minute, MaxPerCategory: 1}); err != nil || len(res.Work) != 1 {
-					t.Fatalf("ghost claim: %v %v", res.Work, err)
-				}
-				later := enqueue(t, s.Store, driver.NewWork{Category: driver.Outbox, StreamID: "s"})[0]
-				time.Sleep(2 * time.Minute)
-				if _, err := s.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: time.Minute, DeadAfter: time.Minute}); err != nil {
-					t.Fatal(err)
-				}
+				crashedAttempt(t, s.Store, first)
 				opts := quietOptions()
 				opts.Categories = []driver.Category{driver.Outbox}
 				opts.MaxAttempts = 1
