@@ -122,7 +122,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.processes, "processes", 0, "burndown on Postgres: run the --instances pumps in this many child processes of this binary, spread evenly, and report per instance, per process (CPU time included) and in all; 0 runs them in this process")
 	fs.DurationVar(&c.churn, "churn", 0, "--processes: every this often during the drain, a rolling-deploy step: start a new child with the oldest running child's instances, release it, wait until its pumps are ready (Pump.Health, as a readiness probe), then stop the oldest gracefully (unset: no churn; a value must be > 0)")
 	fs.DurationVar(&c.stallAfter, "stall-after", time.Minute, "--processes: fail the drain when no item completes for this long, and say what the store holds")
-	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file; with --processes, one per child process, to this file with .p1, .p2, ... appended in start order")
 	db := databaseURLFlag(fs)
 	fs.StringVar(&c.schema, "schema", "", "Postgres schema (default: a new workpump_bench_<random> schema, dropped at the end)")
 	if err := parseFlags(fs, args); err != nil {
@@ -206,8 +206,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--processes: only --mode burndown has it")
 	case c.processes > c.instances:
 		return usagef("--processes %d needs --instances >= %d: every process runs at least one instance", c.processes, c.processes)
-	case c.processes > 0 && (c.otel || c.cpuProfile != ""):
-		return usagef("--processes: --otel and --cpuprofile work in this process only")
+	case c.processes > 0 && c.otel:
+		return usagef("--processes: --otel works in this process only")
 	}
 	var runs []benchResult
 	for range c.repeat {

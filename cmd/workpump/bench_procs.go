@@ -206,7 +206,11 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	// start starts a child with share instances; it says ready once its
 	// pumps are built, and starts them only on the go line.
 	start := func(share int) (int, error) {
-		cmd := exec.Command(exe, append(slices.Clip(childArgs), "--instances", strconv.Itoa(share))...)
+		args := append(slices.Clip(childArgs), "--instances", strconv.Itoa(share))
+		if c.cpuProfile != "" {
+			args = append(args, "--cpuprofile", fmt.Sprintf("%s.p%d", c.cpuProfile, len(children)+1))
+		}
+		cmd := exec.Command(exe, args...)
 		// The URL goes by environment, not argv, so ps does not show a password.
 		cmd.Env = append(os.Environ(), benchChildEnv+"=1", "WORKPUMP_DATABASE_URL="+c.databaseURL)
 		cmd.Stderr = os.Stderr
@@ -640,6 +644,7 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&c.claimsAtOnce, "claims-at-once", 0, "")
 	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "")
 	fs.StringVar(&c.schema, "schema", "", "")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -705,6 +710,12 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return nil
 		}
 	}
+	// The profile covers what the CPU figure covers.
+	stopProfile, err := startCPUProfile(c.cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	cpu0 := cpuTimes()
 	pctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -761,6 +772,7 @@ wait:
 		}
 	}
 	cpu1 := cpuTimes()
+	stopProfile()
 	stopAll()
 	claims, _ := claimCounts(pumps)
 	var all []handled

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -29,7 +30,7 @@ func TestBenchProcesses_UsageErrors(t *testing.T) {
 		{[]string{"bench", "--processes", "3", "--instances", "2", "--database-url", "postgres://x"}, "--processes 3 needs --instances >= 3"},
 		{[]string{"bench", "--processes", "2", "--database-url", "postgres://x"}, "--processes 2 needs --instances >= 2"},
 		{[]string{"bench", "--processes", "2", "--instances", "2", "--mode", "continuous", "--database-url", "postgres://x"}, "--processes: only --mode burndown has it"},
-		{[]string{"bench", "--processes", "2", "--instances", "2", "--otel", "--database-url", "postgres://x"}, "--processes: --otel and --cpuprofile work in this process only"},
+		{[]string{"bench", "--processes", "2", "--instances", "2", "--otel", "--database-url", "postgres://x"}, "--processes: --otel works in this process only"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
@@ -117,8 +118,9 @@ func TestBenchProcesses_Postgres(t *testing.T) {
 	url := pgtest.URL(t)
 	schema := pgtest.Schema(t)
 	const n = 3000
+	prof := filepath.Join(t.TempDir(), "cpu")
 	// 30 items per stream, so that the order check has orders to check.
-	r := runCLI(t, nil, "bench", "--processes", "2", "--instances", "3", "-n", "3000", "--streams", "100", "--database-url", url, "--schema", schema, "--json")
+	r := runCLI(t, nil, "bench", "--processes", "2", "--instances", "3", "-n", "3000", "--streams", "100", "--database-url", url, "--schema", schema, "--cpuprofile", prof, "--json")
 	if r.code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
@@ -156,6 +158,21 @@ func TestBenchProcesses_Postgres(t *testing.T) {
 	for _, want := range []string{"order violations: 0 (duplicates 0, missing 0)", "process 2 (pid ", "instance 3: "} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("stdout lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	// Each child wrote its CPU profile (a gzipped protobuf), and only they.
+	for _, suffix := range []string{".p1", ".p2"} {
+		b, err := os.ReadFile(prof + suffix)
+		if err != nil {
+			t.Fatalf("child profile: %v", err)
+		}
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Fatalf("%s is not a gzipped profile (%d bytes)", prof+suffix, len(b))
+		}
+	}
+	for _, name := range []string{prof, prof + ".p3"} {
+		if _, err := os.Stat(name); !os.IsNotExist(err) {
+			t.Fatalf("%s: want no such file, got %v", name, err)
 		}
 	}
 	// Nothing is left in the store.
