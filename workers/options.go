@@ -131,7 +131,11 @@ type ClaimOptions struct {
 	// nor skip the rows that claims and completions left behind, which
 	// makes every statement slower still; spacing them out lets each run
 	// nearly alone. A claim that ran alone, as every claim of a lone
-	// instance does, adds no wait. DisablePacing claims at once.
+	// instance does, adds no wait, and neither does one that ended while
+	// other claims of its process waited for their turn
+	// (driver.ClaimResult.Contended): there the turns already space the
+	// process's claims out, and a wait would only hold back this
+	// instance's share of the work. DisablePacing claims at once.
 	DisablePacing bool
 }
 

@@ -213,6 +213,8 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (res driv
 		return c.claim(ctx, req)
 	})
 	res.Queued = queued
+	// (Read before the deferred give-back grants a waiter this turn.)
+	res.Contended = c.turns != nil && c.turns.queued.Load() > 0
 	return res, err
 }
 

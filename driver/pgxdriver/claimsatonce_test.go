@@ -21,7 +21,8 @@ import (
 // (driver.WithQueueContext) does, and it returns that context's error;
 // only the held claims run in the database, and nothing is leased to it.
 // A claim that waits while a turn frees up runs then and reports its wait
-// (Queued); one that found a turn free reports none. Without a bound the
+// (Queued); one that found a turn free reports none. A claim that ends
+// while another waits for a turn reports it (Contended). Without a bound the
 // extra claim reaches the database while the others are held.
 func TestClaimsAtOnce(t *testing.T) {
 	for _, tc := range []struct {
@@ -60,12 +61,18 @@ func TestClaimsAtOnce(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			release := func() {
+			// release lets the held claims end one by one; contended says
+			// which of them must report claims waiting for a turn as they
+			// ended (driver.ClaimResult.Contended).
+			release := func(contended ...bool) {
 				for i, h := range holds {
 					h.Release()
 					got := <-answers[i]
 					if got.err != nil || len(got.res.Work) == 0 || got.res.Queued != 0 {
 						t.Fatalf("held claim %d: %d rows, queued %v, %v; want rows, sent at once", i, len(got.res.Work), got.res.Queued, got.err)
+					}
+					if got.res.Contended != contended[i] {
+						t.Fatalf("held claim %d: contended %v, want %v", i, got.res.Contended, contended[i])
 					}
 				}
 			}
@@ -86,12 +93,12 @@ func TestClaimsAtOnce(t *testing.T) {
 						if got.err != nil {
 							t.Fatalf("unbounded: the extra claim: %v", got.err)
 						}
-						release()
+						release(false)
 						return
 					default:
 					}
 					if n := activeClaims(t, c); n >= 2 {
-						release()
+						release(false) // nothing waits in the process
 						<-second
 						return
 					}
@@ -145,10 +152,14 @@ func TestClaimsAtOnce(t *testing.T) {
 				late <- answer{res, err}
 			}()
 			waitQueued(t, c, 1)
-			release()
+			// The first held claim ends while the late one waits; its turn
+			// goes to the late one, so no other held claim sees a waiter.
+			want := make([]bool, tc.held)
+			want[0] = true
+			release(want...)
 			got := <-late
-			if got.err != nil || len(got.res.Work) == 0 || got.res.Queued <= 0 {
-				t.Fatalf("the extra instance after the held claims returned: %d rows, queued %v, %v; want its rows after a wait", len(got.res.Work), got.res.Queued, got.err)
+			if got.err != nil || len(got.res.Work) == 0 || got.res.Queued <= 0 || got.res.Contended {
+				t.Fatalf("the extra instance after the held claims returned: %d rows, queued %v, contended %v, %v; want its rows after a wait, with nothing waiting", len(got.res.Work), got.res.Queued, got.res.Contended, got.err)
 			}
 			if n := leasedTo(t, c, extra); n != len(got.res.Work) {
 				t.Fatalf("%d rows leased to the extra instance, its claim returned %d", n, len(got.res.Work))

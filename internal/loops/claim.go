@@ -385,7 +385,8 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 }
 
 // pace sets when the claim after one that began at start may begin: at
-// once, unless that claim overlapped another and pacing is on; then after
+// once, unless that claim overlapped another (and was not contended) and
+// pacing is on; then after
 // its duration times a factor from 1 to 3 (random, so that instances that
 // overlapped once drift apart), at most MaxPollInterval.
 // It returns the wait.
@@ -721,8 +722,9 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 			wait, untilSignal = w.afterShort(short, wait, untilSignal)
 		}
 		// The claim's own time: a wait for its turn in the process
-		// (res.Queued) was no load on the database.
-		paced := w.pace(time.Since(start)-res.Queued, err == nil && res.Overlapped)
+		// (res.Queued) was no load on the database. A contended claim
+		// is not paced: the next one waits its turn in the process.
+		paced := w.pace(time.Since(start)-res.Queued, err == nil && res.Overlapped && !res.Contended)
 		if w.hooks.OnPoll != nil {
 			w.hooks.OnPoll(PollEvent{Start: start, Queued: res.Queued, Items: len(res.Work), HasMore: res.HasMore, Err: err,
 				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal, Paced: paced})

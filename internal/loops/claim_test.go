@@ -952,6 +952,31 @@ func TestClaimPacesAfterAnOverlap(t *testing.T) {
 	})
 }
 
+// A claim that overlapped another but ended while claims of its process
+// waited for their turn (Contended) is not paced: the next claim follows
+// at once; an overlap without contention still paces.
+func TestClaimDoesNotPaceAContendedClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		full := func(contended bool) driver.ClaimResult {
+			return driver.ClaimResult{Work: work(driver.Inbox, 50), HasMore: true, Overlapped: true, Contended: contended}
+		}
+		coord := pacedCoord(full(true), full(true), full(false))
+		var paced []time.Duration
+		r := newClaimRig(t, coord, workers.ClaimOptions{MaxStreamsPerBatch: 50}, nil, func(c *ClaimConfig) {
+			c.Categories = []driver.Category{driver.Inbox}
+			c.Jitter = func() float64 { return 0.5 } // factor 2
+			c.Hooks.OnPoll = func(e PollEvent) { paced = append(paced, e.Paced) }
+		})
+		r.start()
+		time.Sleep(ms(400))
+		stop(t, r.w)
+		// Claims 1 and 2 were contended: claims 2 and 3 follow at once.
+		// Claim 3 was not: claim 4 waits twice its 40 ms.
+		eqDurations(t, "claims", r.claims()[:4], []time.Duration{0, ms(40), ms(80), ms(200)})
+		eqDurations(t, "pacing waits reported", paced[:3], []time.Duration{0, 0, ms(80)})
+	})
+}
+
 func TestClaimPacingIsCappedAtMaxPollInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		coord := &fakeCoord{claim: func(n int, req driver.ClaimRequest) (driver.ClaimResult, error) {
