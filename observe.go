@@ -61,8 +61,9 @@ type ClaimEvent struct {
 	// Err is the claim's error, nil when it succeeded.
 	Err error
 	// Paced is how long the claim loop waits before its next claim because
-	// this claim ran beside another instance's (0: it ran alone, or
-	// Claim.DisablePacing is set); see workers.ClaimOptions.DisablePacing.
+	// this claim ran beside another instance's (0: it ran alone, its turn
+	// went straight to another claim of the process that waited for one,
+	// or Claim.DisablePacing is set); see workers.ClaimOptions.DisablePacing.
 	Paced time.Duration
 }
 

@@ -150,12 +150,13 @@ type ClaimResult struct {
 	// claims it runs at once), on the local clock; 0 when it was sent at
 	// once. The claim loop's pacing measures a claim without it.
 	Queued time.Duration
-	// Contended reports that, as this call ended, other claims of the
-	// process waited for their turn in a store that bounds the claims it
-	// runs at once: the caller's next claim will wait its turn too, so
-	// the claim loop adds no pacing wait of its own (the turns already
-	// keep the process's claims in the database to the bound, and a
-	// pacing wait would only hold back this caller's share of the work).
+	// Contended reports that, in a store that bounds the claims it runs
+	// at once, this call's turn went straight to another claim of the
+	// process that waited for one. The claim loop then adds no pacing
+	// wait: the turns already hold the process's claims in the database
+	// to the bound, the caller's next claim finds them taken by its peers
+	// unless one ends first, and a pacing wait would mostly hold back the
+	// caller's share of the work.
 	Contended bool
 }
 

@@ -131,11 +131,12 @@ type ClaimOptions struct {
 	// nor skip the rows that claims and completions left behind, which
 	// makes every statement slower still; spacing them out lets each run
 	// nearly alone. A claim that ran alone, as every claim of a lone
-	// instance does, adds no wait, and neither does one that ended while
-	// other claims of its process waited for their turn
-	// (driver.ClaimResult.Contended): there the turns already space the
-	// process's claims out, and a wait would only hold back this
-	// instance's share of the work. DisablePacing claims at once.
+	// instance does, adds no wait, and neither does one whose turn went
+	// straight to another claim of its process that waited for one
+	// (driver.ClaimResult.Contended): there the turns already hold the
+	// process's claims in the database to their bound, and a wait would
+	// mostly hold back this instance's share of the work. DisablePacing
+	// claims at once.
 	DisablePacing bool
 }
 

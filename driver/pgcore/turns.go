@@ -147,8 +147,10 @@ func (ct *claimTurns) abandon(w *turnWaiter) {
 // another claim (driver.ClaimResult.Overlapped), and no earlier attempt of
 // it ran (an attempt rolled back and run again may have held the marker);
 // with the automatic bound, an overlap that no claim of this process
-// explains (see turn) drops the bound to one for sharedHold.
-func (ct *claimTurns) giveBack(t *turn, overlapped bool) {
+// explains (see turn) drops the bound to one for sharedHold. It reports
+// whether a waiting claim was granted a turn as t was given back
+// (driver.ClaimResult.Contended).
+func (ct *claimTurns) giveBack(t *turn, overlapped bool) (handed bool) {
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
 	t.notHolder = overlapped
@@ -167,7 +169,7 @@ func (ct *claimTurns) giveBack(t *turn, overlapped bool) {
 			ct.shareLocked()
 		}
 	}
-	ct.giveBackLocked(t)
+	return ct.giveBackLocked(t) > 0
 }
 
 // shareLocked drops the automatic bound to one for sharedHold, and has
@@ -189,8 +191,8 @@ func (ct *claimTurns) grant() {
 }
 
 // giveBackLocked frees t's turn, settles the overlaps that waited for it,
-// and grants waiting turns; mu held.
-func (ct *claimTurns) giveBackLocked(t *turn) {
+// and grants waiting turns; mu held. It returns how many it granted.
+func (ct *claimTurns) giveBackLocked(t *turn) int {
 	t.done = true
 	for _, x := range t.resolves {
 		x.pending--
@@ -206,17 +208,20 @@ func (ct *claimTurns) giveBackLocked(t *turn) {
 			break
 		}
 	}
-	ct.grantLocked()
+	return ct.grantLocked()
 }
 
 // grantLocked grants waiting turns, first come first, while the bound
-// lets them through; mu held.
-func (ct *claimTurns) grantLocked() {
+// lets them through, and returns how many; mu held.
+func (ct *claimTurns) grantLocked() int {
+	n := 0
 	for len(ct.waiting) > 0 && len(ct.out) < ct.limit() {
 		w := ct.waiting[0]
 		ct.waiting = ct.waiting[1:]
 		ct.queued.Add(-1)
 		w.t = ct.takeLocked()
 		close(w.ready)
+		n++
 	}
+	return n
 }

@@ -314,3 +314,73 @@ func TestClaimTurns_LongClaimKeepsTrackOfFew(t *testing.T) {
 	ct.giveBack(a, false)
 	ct.giveBack(b, false)
 }
+
+// TestClaimTurns_GiveBackReportsAHandOver: giveBack reports a hand-over
+// (driver.ClaimResult.Contended) only when the turn went straight to a
+// waiting claim: not with nobody waiting, not after the waiter gave up,
+// and not after the waiter was let through by the bound rising.
+func TestClaimTurns_GiveBackReportsAHandOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// waiter starts a take that waits; its turn (or error) comes back
+		// on the channel, and cancel makes it give up.
+		waiter := func(ct *claimTurns) (<-chan *turn, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			got := make(chan *turn, 1)
+			go func() {
+				tk, _, err := ct.take(ctx, context.Background())
+				if err != nil {
+					tk = nil
+				}
+				got <- tk
+			}()
+			synctest.Wait()
+			if n := ct.queued.Load(); n != 1 {
+				t.Fatalf("%d claims wait, want 1", n)
+			}
+			return got, cancel
+		}
+
+		ct := newClaimTurns(1, false, time.Now)
+		if a := mustTake(t, ct); ct.giveBack(a, false) {
+			t.Fatal("a turn given back with nobody waiting reported a hand-over")
+		}
+
+		a := mustTake(t, ct)
+		got, cancel := waiter(ct)
+		if !ct.giveBack(a, false) {
+			t.Fatal("a turn given back to a waiting claim reported no hand-over")
+		}
+		b := <-got
+		cancel()
+		// b's turn: the waiter that follows gives up before b ends.
+		got, cancel = waiter(ct)
+		cancel()
+		synctest.Wait()
+		if tk := <-got; tk != nil {
+			t.Fatal("a take whose context ended was granted a turn")
+		}
+		if ct.giveBack(b, false) {
+			t.Fatal("a turn given back after its waiter gave up reported a hand-over")
+		}
+
+		// The automatic bound: one at once after an overlap with another
+		// process; the waiter is let through when the bound rises, before
+		// the held turn is given back.
+		ct = newClaimTurns(2, true, time.Now)
+		lone := mustTake(t, ct)
+		ct.giveBack(lone, true)
+		held := mustTake(t, ct)
+		got, cancel = waiter(ct)
+		defer cancel()
+		time.Sleep(sharedHold)
+		synctest.Wait()
+		w := <-got
+		if w == nil {
+			t.Fatal("the waiting claim was not let through when the bound rose")
+		}
+		if ct.giveBack(held, false) {
+			t.Fatal("a turn given back after the bound let its waiter through reported a hand-over")
+		}
+		ct.giveBack(w, false)
+	})
+}

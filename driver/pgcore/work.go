@@ -204,7 +204,7 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (res driv
 		queued = waited
 		// (An attempt rolled back before the last may have held the claim
 		// marker: the last one's overlap then tells nothing.)
-		defer func() { c.turns.giveBack(t, err == nil && res.Overlapped && attempts == 1) }()
+		defer func() { res.Contended = c.turns.giveBack(t, err == nil && res.Overlapped && attempts == 1) }()
 	}
 	// A claim rolled back (deadlock, serialization) committed nothing, so
 	// once the queue context ends it is not sent again.
@@ -213,8 +213,6 @@ func (c *Core) ClaimWork(ctx context.Context, req driver.ClaimRequest) (res driv
 		return c.claim(ctx, req)
 	})
 	res.Queued = queued
-	// (Read before the deferred give-back grants a waiter this turn.)
-	res.Contended = c.turns != nil && c.turns.queued.Load() > 0
 	return res, err
 }
 

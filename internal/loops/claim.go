@@ -723,7 +723,7 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		}
 		// The claim's own time: a wait for its turn in the process
 		// (res.Queued) was no load on the database. A contended claim
-		// is not paced: the next one waits its turn in the process.
+		// is not paced: its peers in the process took its turn.
 		paced := w.pace(time.Since(start)-res.Queued, err == nil && res.Overlapped && !res.Contended)
 		if w.hooks.OnPoll != nil {
 			w.hooks.OnPoll(PollEvent{Start: start, Queued: res.Queued, Items: len(res.Work), HasMore: res.HasMore, Err: err,
