@@ -152,7 +152,8 @@ type ClaimResult struct {
 	Queued time.Duration
 	// Contended reports that, in a store that bounds the claims it runs
 	// at once, this call's turn went straight to another claim of the
-	// process that waited for one. The claim loop then adds no pacing
+	// process that waited for one, and left every turn taken (meaningful
+	// only when the call succeeded). The claim loop then adds no pacing
 	// wait: the turns already hold the process's claims in the database
 	// to the bound, the caller's next claim finds them taken by its peers
 	// unless one ends first, and a pacing wait would mostly hold back the

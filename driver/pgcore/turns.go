@@ -148,8 +148,8 @@ func (ct *claimTurns) abandon(w *turnWaiter) {
 // it ran (an attempt rolled back and run again may have held the marker);
 // with the automatic bound, an overlap that no claim of this process
 // explains (see turn) drops the bound to one for sharedHold. It reports
-// whether a waiting claim was granted a turn as t was given back
-// (driver.ClaimResult.Contended).
+// whether t went straight to a waiting claim and left every turn taken,
+// so that the caller's next claim waits too (driver.ClaimResult.Contended).
 func (ct *claimTurns) giveBack(t *turn, overlapped bool) (handed bool) {
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
@@ -169,7 +169,9 @@ func (ct *claimTurns) giveBack(t *turn, overlapped bool) (handed bool) {
 			ct.shareLocked()
 		}
 	}
-	return ct.giveBackLocked(t) > 0
+	// (A bound that has risen before its timer fired can leave a turn
+	// free after a grant.)
+	return ct.giveBackLocked(t) > 0 && len(ct.out) >= ct.limit()
 }
 
 // shareLocked drops the automatic bound to one for sharedHold, and has

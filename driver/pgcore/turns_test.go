@@ -382,5 +382,47 @@ func TestClaimTurns_GiveBackReportsAHandOver(t *testing.T) {
 			t.Fatal("a turn given back after the bound let its waiter through reported a hand-over")
 		}
 		ct.giveBack(w, false)
+
+		// Two turns out when the bound drops to one: the first given back
+		// grants nothing (the other is still out), the second goes to the
+		// claim that waits.
+		ct = newClaimTurns(2, true, time.Now)
+		a, b = mustTake(t, ct), mustTake(t, ct)
+		got, cancel = waiter(ct)
+		defer cancel()
+		ct.mu.Lock()
+		ct.shareLocked()
+		ct.mu.Unlock()
+		if ct.giveBack(a, false) {
+			t.Fatal("a turn given back with the bound reached by another reported a hand-over")
+		}
+		if !ct.giveBack(b, false) {
+			t.Fatal("the last turn out, given back to the waiting claim, reported no hand-over")
+		}
+		ct.giveBack(<-got, false)
 	})
+
+	// The bound has risen (on the store's clock) before its timer fired:
+	// the give-back grants the waiting claim, and a turn stays free.
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(2, true, clock.Now)
+	lone := mustTake(t, ct)
+	ct.giveBack(lone, true)
+	held := mustTake(t, ct)
+	got := make(chan *turn, 1)
+	go func() {
+		tk, _, err := ct.take(context.Background(), context.Background())
+		if err != nil {
+			t.Errorf("take: %v", err)
+		}
+		got <- tk
+	}()
+	for ct.queued.Load() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	clock.Advance(sharedHold)
+	if ct.giveBack(held, false) {
+		t.Fatal("a give-back that left a turn free reported a hand-over")
+	}
+	ct.giveBack(<-got, false)
 }

@@ -384,11 +384,10 @@ func (w *ClaimWorker) waitAfter(emptyPolls int, failed bool) (time.Duration, boo
 	return d, untilSignal
 }
 
-// pace sets when the claim after one that began at start may begin: at
-// once, unless that claim overlapped another (and was not contended) and
-// pacing is on; then after
-// its duration times a factor from 1 to 3 (random, so that instances that
-// overlapped once drift apart), at most MaxPollInterval.
+// pace sets when the claim after one that took took may begin: at once,
+// unless that claim overlapped another, was not contended, and pacing is
+// on; then after its duration times a factor from 1 to 3 (random, so that
+// instances that overlapped once drift apart), at most MaxPollInterval.
 // It returns the wait.
 func (w *ClaimWorker) pace(took time.Duration, overlapped bool) time.Duration {
 	if !overlapped || w.opts.DisablePacing {
