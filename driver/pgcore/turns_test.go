@@ -317,8 +317,10 @@ func TestClaimTurns_LongClaimKeepsTrackOfFew(t *testing.T) {
 
 // TestClaimTurns_GiveBackReportsAHandOver: giveBack reports a hand-over
 // (driver.ClaimResult.Contended) only when the turn went straight to a
-// waiting claim: not with nobody waiting, not after the waiter gave up,
-// and not after the waiter was let through by the bound rising.
+// waiting claim and left every turn taken: not with nobody waiting, not
+// after the waiter gave up, not after the waiter was let through by the
+// bound rising, not while another turn still holds the bound, and not
+// when the grant leaves a turn free.
 func TestClaimTurns_GiveBackReportsAHandOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// waiter starts a take that waits; its turn (or error) comes back
