@@ -265,22 +265,7 @@ func TestClaimTurns_BoundRisesWithClaimsWaiting(t *testing.T) {
 		ct.giveBack(held, false)
 	})
 
-	clock := conformance.NewClock(time.Unix(1000, 0))
-	ct := newClaimTurns(2, true, clock.Now)
-	lone := mustTake(t, ct)
-	ct.giveBack(lone, true)
-	held := mustTake(t, ct)
-	granted := make(chan *turn, 1)
-	go func() {
-		tk, _, err := ct.take(context.Background(), context.Background())
-		if err != nil {
-			t.Errorf("take: %v", err)
-		}
-		granted <- tk
-	}()
-	for ct.queued.Load() != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	clock, ct, held, granted := riseOnTheStoreClock(t)
 	clock.Advance(sharedHold) // (the timer runs on the real clock, later)
 	if !queues(t, ct) {
 		t.Fatal("a third turn was free with two out")
@@ -406,25 +391,35 @@ func TestClaimTurns_GiveBackReportsAHandOver(t *testing.T) {
 
 	// The bound has risen (on the store's clock) before its timer fired:
 	// the give-back grants the waiting claim, and a turn stays free.
-	clock := conformance.NewClock(time.Unix(1000, 0))
-	ct := newClaimTurns(2, true, clock.Now)
-	lone := mustTake(t, ct)
-	ct.giveBack(lone, true)
-	held := mustTake(t, ct)
-	got := make(chan *turn, 1)
-	go func() {
-		tk, _, err := ct.take(context.Background(), context.Background())
-		if err != nil {
-			t.Errorf("take: %v", err)
-		}
-		got <- tk
-	}()
-	for ct.queued.Load() != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	clock, ct, held, got := riseOnTheStoreClock(t)
 	clock.Advance(sharedHold)
 	if ct.giveBack(held, false) {
 		t.Fatal("a give-back that left a turn free reported a hand-over")
 	}
 	ct.giveBack(<-got, false)
+}
+
+// riseOnTheStoreClock sets up the automatic bound at one on a store clock
+// of its own (its rise timer runs on the real clock, a second later): one
+// turn held, and one claim waiting for a turn, whose turn comes on the
+// channel.
+func riseOnTheStoreClock(t *testing.T) (*conformance.Clock, *claimTurns, *turn, <-chan *turn) {
+	t.Helper()
+	clock := conformance.NewClock(time.Unix(1000, 0))
+	ct := newClaimTurns(2, true, clock.Now)
+	lone := mustTake(t, ct)
+	ct.giveBack(lone, true)
+	held := mustTake(t, ct)
+	granted := make(chan *turn, 1)
+	go func() {
+		tk, _, err := ct.take(context.Background(), context.Background())
+		if err != nil {
+			t.Errorf("take: %v", err)
+		}
+		granted <- tk
+	}()
+	for ct.queued.Load() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	return clock, ct, held, granted
 }
