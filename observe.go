@@ -65,6 +65,11 @@ type ClaimEvent struct {
 	// went straight to another claim of the process that waited for one,
 	// or Claim.DisablePacing is set); see workers.ClaimOptions.DisablePacing.
 	Paced time.Duration
+	// Contended says the claim's turn went straight to another claim of
+	// the process that waited for one (pumps sharing a Postgres
+	// coordinator: pgxdriver.Options.ClaimsAtOnce), which is why such a
+	// claim is not paced even when it ran beside another.
+	Contended bool
 }
 
 // HandlerContextFunc wraps one handler call (Options.HandlerContext). It

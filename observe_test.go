@@ -220,6 +220,71 @@ func TestClaimFinishedHook(t *testing.T) {
 	})
 }
 
+// turnStore reports every claim with rows as run beside another, and the
+// first such claim as contended (its turn went to a waiting claim); each
+// claim takes 10 ms.
+type turnStore struct {
+	*memdriver.Store
+	withRows int
+}
+
+func (s *turnStore) ClaimWork(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	time.Sleep(10 * time.Millisecond)
+	res, err := s.Store.ClaimWork(ctx, req)
+	if err == nil && len(res.Work) > 0 {
+		s.withRows++ // (one claim at a time: the pump's claim loop)
+		res.Overlapped = true
+		res.Contended = s.withRows == 1
+	}
+	return res, err
+}
+
+// TestClaimFinishedHookReportsPacing: ClaimFinished says whether a claim
+// that ran beside another was contended, and paces only one that was not.
+func TestClaimFinishedHookReportsPacing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &turnStore{Store: memdriver.New(memdriver.Options{})}
+		var mu sync.Mutex
+		var withRows []workpump.ClaimEvent
+		opts := quietOptions()
+		opts.Hooks.ClaimFinished = func(e workpump.ClaimEvent) {
+			if e.Items > 0 {
+				mu.Lock()
+				withRows = append(withRows, e)
+				mu.Unlock()
+			}
+		}
+		p, err := workpump.New(s, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{}, 2)
+		_ = p.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { done <- struct{}{}; return nil })
+		if err := p.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"a", "b"} {
+			if _, err := p.Enqueue(context.Background(), workpump.NewWork{Category: workpump.Outbox, Name: name}); err != nil {
+				t.Fatal(err)
+			}
+			<-done
+		}
+		stop(t, p)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(withRows) != 2 {
+			t.Fatalf("%d claims with rows, want 2: %+v", len(withRows), withRows)
+		}
+		if e := withRows[0]; !e.Contended || e.Paced != 0 {
+			t.Errorf("the contended claim: contended %v, paced %v; want true, 0", e.Contended, e.Paced)
+		}
+		// Paced: the claim's 10 ms times a factor from 1 to 3.
+		if e := withRows[1]; e.Contended || e.Paced < 10*time.Millisecond || e.Paced > 30*time.Millisecond {
+			t.Errorf("the other claim: contended %v, paced %v; want false, 10-30 ms", e.Contended, e.Paced)
+		}
+	})
+}
+
 // TestEnqueueMetadataHook: Pump.Enqueue stores what EnqueueMetadata
 // returns and leaves the caller's items alone.
 func TestEnqueueMetadataHook(t *testing.T) {

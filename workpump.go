@@ -291,7 +291,7 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 					o.Hooks.BatchClaimed(e.Items, e.HasMore)
 				}
 				if o.Hooks.ClaimFinished != nil {
-					o.Hooks.ClaimFinished(ClaimEvent{Items: e.Items, HasMore: e.HasMore, Duration: time.Since(e.Start) - e.Queued, Queued: e.Queued, Err: e.Err, Paced: e.Paced})
+					o.Hooks.ClaimFinished(ClaimEvent{Items: e.Items, HasMore: e.HasMore, Duration: time.Since(e.Start) - e.Queued, Queued: e.Queued, Err: e.Err, Paced: e.Paced, Contended: e.Contended})
 				}
 			},
 			OnGateChange: func(up bool) {

@@ -104,6 +104,9 @@ type PollEvent struct {
 	// Paced is the wait pacing puts before the next claim, whatever ends
 	// the wait above (0: none; see workers.ClaimOptions.DisablePacing).
 	Paced time.Duration
+	// Contended: the claim succeeded and its turn went straight to a
+	// waiting claim of the process (driver.ClaimResult.Contended).
+	Contended bool
 }
 
 type claimStampKey struct{}
@@ -723,10 +726,11 @@ func (w *ClaimWorker) run(ctx context.Context, schemaChecked bool) {
 		// The claim's own time: a wait for its turn in the process
 		// (res.Queued) was no load on the database. A contended claim
 		// is not paced: its peers in the process took its turn.
-		paced := w.pace(time.Since(start)-res.Queued, err == nil && res.Overlapped && !res.Contended)
+		contended := err == nil && res.Contended
+		paced := w.pace(time.Since(start)-res.Queued, err == nil && res.Overlapped && !contended)
 		if w.hooks.OnPoll != nil {
 			w.hooks.OnPoll(PollEvent{Start: start, Queued: res.Queued, Items: len(res.Work), HasMore: res.HasMore, Err: err,
-				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal, Paced: paced})
+				EmptyPolls: emptyPolls, Wait: wait, UntilSignal: untilSignal, Paced: paced, Contended: contended})
 		}
 		if len(res.Work) > 0 {
 			sctx := context.WithValue(ctx, claimStampKey{}, stamp)
