@@ -37,6 +37,7 @@ func ExampleRender() {
 	// 0014_lock_order: creates wp_ objects in "shop": true
 	// 0015_rank_residues: creates wp_ objects in "shop": true
 	// 0016_bounded_reads: creates wp_ objects in "shop": true
+	// 0017_leased_index: creates wp_ objects in "shop": true
 	// true
 }
 

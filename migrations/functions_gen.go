@@ -6,7 +6,7 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 16,
+	version: 17,
 	list: []InstalledFunction{
 		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},

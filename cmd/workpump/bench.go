@@ -120,7 +120,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.otel, "otel", false, "burndown: instrument every pump with otelworkpump on real OpenTelemetry SDK providers whose output goes nowhere (a metric reader never collected, spans batched to an exporter that drops them), backlog gauges included")
 	fs.Float64Var(&c.otelSampling, "otel-sampling", 1, "--otel: the share of items whose handler span is recorded (a parent-based trace-id ratio sampler; 1 records every span)")
 	fs.IntVar(&c.processes, "processes", 0, "burndown on Postgres: run the --instances pumps in this many child processes of this binary, spread evenly, and report per instance, per process (CPU time included) and in all; 0 runs them in this process")
-	fs.DurationVar(&c.churn, "churn", 0, "--processes: every this often during the drain, a rolling-deploy step: start a new child with the oldest running child's instances, release it, wait until its pumps are ready (Pump.Health, as a readiness probe), then stop the oldest gracefully (unset: no churn; a value must be > 0)")
+	fs.DurationVar(&c.churn, "churn", 0, "burndown: every this often during the drain, a rolling-deploy step. With --processes: start a new child with the oldest running child's instances, release it, wait until its pumps are ready (Pump.Health, as a readiness probe), then stop the oldest gracefully. In one process: start a new pump, wait until it is ready, then stop the oldest pump gracefully (unset: no churn; a value must be > 0)")
 	fs.DurationVar(&c.stallAfter, "stall-after", time.Minute, "--processes: fail the drain when no item completes for this long, and say what the store holds")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measured phase (drain or continuous run) to this file; with --processes, one per child process, to this file with .p1, .p2, ... appended in start order")
 	db := databaseURLFlag(fs)
@@ -192,8 +192,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--async-claims: the in-memory driver has no commits to make asynchronous; give --database-url")
 	case churnSet && c.churn <= 0:
 		return usagef("--churn must be > 0")
-	case churnSet && (c.processes == 0 || c.mode != "burndown"):
-		return usagef("--churn: only --mode burndown with --processes has it")
+	case churnSet && c.mode != "burndown":
+		return usagef("--churn: only --mode burndown has it")
+	case churnSet && c.otel:
+		return usagef("--churn: --otel does not have it")
+	case churnSet && c.streams == 0:
+		return usagef("--churn: the order check needs streams (--streams > 0)")
 	case c.processes < 0:
 		return usagef("--processes must be >= 0")
 	case c.stallAfter <= 0:
@@ -425,11 +429,12 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	payload := make([]byte, 64)
 	t0 := time.Now()
 	for k := 0; k < c.n; k++ {
-		stream := ""
+		stream, p := "", payload
 		if c.streams > 0 {
 			stream = fmt.Sprintf("s%05d", k%c.streams)
+			p = itemPayload(k%c.streams, k/c.streams)
 		}
-		batch = append(batch, driver.NewWork{Category: driver.Outbox, StreamID: stream, Name: "bench", Payload: payload})
+		batch = append(batch, driver.NewWork{Category: driver.Outbox, StreamID: stream, Name: "bench", Payload: p})
 		if len(batch) == chunk || k == c.n-1 {
 			if _, err := be.coordinator().Enqueue(ctx, batch); err != nil {
 				return benchResult{}, fmt.Errorf("enqueue: %w", err)
@@ -446,14 +451,32 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	}
 	defer stopProfile()
 	var completed atomic.Int64
+	var rec handlerRecorder
+	h := func(ctx context.Context, w workpump.Work) error {
+		if c.streams == 0 {
+			return sleepHandler(ctx, c.handlerDelay)
+		}
+		r := rec.begin(w)
+		err := sleepHandler(ctx, c.handlerDelay)
+		rec.end(r)
+		return err
+	}
 	start := time.Now()
-	pumps, stopAll, err := startPumps(ctx, c, be, func(ctx context.Context, _ workpump.Work) error { return sleepHandler(ctx, c.handlerDelay) }, &completed, out)
+	pumps, stopAll, err := startPumps(ctx, c, be, h, &completed, out)
 	if err != nil {
 		return benchResult{}, err
 	}
 	defer stopAll()
+	ch := &inProcessChurn{c: c, be: be, h: h, completed: &completed, out: out, live: slices.Clone(pumps), all: slices.Clone(pumps)}
+	defer ch.stopLive()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	var churnC <-chan time.Time
+	if c.churn > 0 {
+		ct := time.NewTicker(c.churn)
+		defer ct.Stop()
+		churnC = ct.C
+	}
 	poll := time.NewTicker(time.Millisecond)
 	defer poll.Stop()
 	for completed.Load() < int64(c.n) {
@@ -462,16 +485,37 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 			return benchResult{}, fmt.Errorf("interrupted with %d of %d done", completed.Load(), c.n)
 		case <-tick.C:
 			fmt.Fprintf(out, "%6.1fs  %d/%d done\n", time.Since(start).Seconds(), completed.Load(), c.n)
+		case <-churnC:
+			if err := ch.step(ctx); err != nil {
+				return benchResult{}, err
+			}
 		case <-poll.C:
 		}
 	}
 	took := time.Since(start)
 	stopProfile()
-	claims, _ := claimCounts(pumps)
+	claims, _ := claimCounts(ch.all)
 	fmt.Fprintf(out, "drained %d items in %.2fs: %.0f items/s (claim, no-op handler, completion), %d claims (%.0f items per claim)\n",
 		c.n, took.Seconds(), float64(c.n)/took.Seconds(), claims, float64(c.n)/float64(claims))
-	return benchResult{Items: c.n, Seconds: took.Seconds(), ItemsPerSec: float64(c.n) / took.Seconds(), EnqueueItemsPerSec: float64(c.n) / enq.Seconds(),
-		Claims: int64(claims)}, nil
+	res := benchResult{Items: c.n, Seconds: took.Seconds(), ItemsPerSec: float64(c.n) / took.Seconds(), EnqueueItemsPerSec: float64(c.n) / enq.Seconds(),
+		Claims: int64(claims)}
+	if c.streams == 0 {
+		return res, nil
+	}
+	// Every handler has returned once the pumps have stopped.
+	ch.stopLive()
+	o := checkOrder(runsOf(rec.all()), c.n, c.streams)
+	if c.churn > 0 {
+		fmt.Fprintf(out, "churn: %d replacements, one step every %v at most (%d instances ran in all)\n", ch.replaced, c.churn, len(ch.all))
+	}
+	fmt.Fprintf(out, "order violations: %d (duplicates %d, missing %d)\n", o.violations, o.duplicates, o.missing)
+	fmt.Fprintf(out, "handler runs of a later attempt: %d\n", rec.laterAttempts.Load())
+	res.procsResult = &procsResult{OrderCheck: orderCheckMethod, OrderViolations: o.violations, Duplicates: o.duplicates, Missing: o.missing,
+		Replacements: ch.replaced, LaterAttempts: rec.laterAttempts.Load()}
+	if c.churn > 0 {
+		res.ChurnSeconds = c.churn.Seconds()
+	}
+	return res, nil
 }
 
 func continuous(ctx context.Context, c benchConfig, be benchBackend, out io.Writer) (benchResult, error) {

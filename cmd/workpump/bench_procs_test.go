@@ -313,9 +313,10 @@ func TestBenchChurn_UsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"bench", "--churn", "1s"}, "--churn: only --mode burndown with --processes has it"},
-		{[]string{"bench", "--churn", "1s", "--database-url", "postgres://x"}, "--churn: only --mode burndown with --processes has it"},
-		{[]string{"bench", "--churn", "1s", "--processes", "2", "--instances", "2", "--mode", "continuous", "--database-url", "postgres://x"}, "--churn: only --mode burndown with --processes has it"},
+		{[]string{"bench", "--churn", "1s", "--mode", "continuous"}, "--churn: only --mode burndown has it"},
+		{[]string{"bench", "--churn", "1s", "--processes", "2", "--instances", "2", "--mode", "continuous", "--database-url", "postgres://x"}, "--churn: only --mode burndown has it"},
+		{[]string{"bench", "--churn", "1s", "--otel"}, "--churn: --otel does not have it"},
+		{[]string{"bench", "--churn", "1s", "--streams", "0"}, "--churn: the order check needs streams (--streams > 0)"},
 		{[]string{"bench", "--churn", "0s", "--processes", "2", "--instances", "2", "--database-url", "postgres://x"}, "--churn must be > 0"},
 		{[]string{"bench", "--churn", "-1s", "--processes", "2", "--instances", "2", "--database-url", "postgres://x"}, "--churn must be > 0"},
 		{[]string{"bench", "--stall-after", "0s", "--processes", "2", "--instances", "2", "--database-url", "postgres://x"}, "--stall-after must be > 0"},
@@ -408,6 +409,50 @@ func TestBenchChurn_Postgres(t *testing.T) {
 	}
 	if left != 0 {
 		t.Fatalf("%d items left in the schema after the bench: %+v", left, st)
+	}
+}
+
+// TestBenchChurn_InProcess: without --processes, --churn replaces one pump
+// of the process at each step (the new one ready before the oldest stops);
+// every item is completed once over all the pumps that ran, and the order
+// check over their handler records finds every stream in order. On the
+// in-memory driver and on Postgres.
+func TestBenchChurn_InProcess(t *testing.T) {
+	for _, store := range []string{"memdriver", "postgres"} {
+		t.Run(store, func(t *testing.T) {
+			args := []string{"bench", "--instances", "3", "-n", "30000", "--streams", "100", "--churn", "50ms", "--json"}
+			if store == "postgres" {
+				args = append(args, "--database-url", pgtest.URL(t), "--schema", pgtest.Schema(t))
+			}
+			r := runCLI(t, nil, args...)
+			if r.code != 0 {
+				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+			}
+			lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+			var res struct {
+				Items int `json:"items"`
+				procsResult
+			}
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+				t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
+			}
+			p := res.procsResult
+			if p.Replacements < 1 || p.ChurnSeconds != 0.05 {
+				t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.05 s\n%s", p.Replacements, p.ChurnSeconds, r.stdout)
+			}
+			if res.Items != 30000 || p.OrderCheck != orderCheckMethod || p.OrderViolations != 0 || p.Duplicates != 0 || p.Missing != 0 {
+				t.Fatalf("items %d, order check %q: %d violations, %d duplicates, %d missing; want 30000 items and 0 of each",
+					res.Items, p.OrderCheck, p.OrderViolations, p.Duplicates, p.Missing)
+			}
+			if p.LaterAttempts != 0 {
+				t.Fatalf("%d handler runs of a later attempt; want 0 (graceful stops give unrun attempts back)", p.LaterAttempts)
+			}
+			for _, want := range []string{fmt.Sprintf("churn: %d replacements", p.Replacements), "order violations: 0 (duplicates 0, missing 0)"} {
+				if !strings.Contains(r.stdout, want) {
+					t.Fatalf("stdout lacks %q:\n%s", want, r.stdout)
+				}
+			}
+		})
 	}
 }
 

@@ -438,3 +438,77 @@ func BenchmarkClaimPastPausedNames(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDeregisterBesidePeers: the deregistration of an instance that
+// holds 100 leased rows, beside 4 peers holding 4 000 leased rows each and
+// N rows waiting for a retry, out of 40 000 pending rows. One op is a
+// registration, a claim of 100 rows and the deregistration; only the
+// deregistration is timed.
+//
+//	go test -run XXX -bench DeregisterBesidePeers -benchtime 20x ./driver/pgxdriver/
+func BenchmarkDeregisterBesidePeers(b *testing.B) {
+	ctx := context.Background()
+	for _, retries := range []int{0, 20000, 100000} {
+		b.Run(fmt.Sprintf("retries-%d", retries), func(b *testing.B) {
+			c := newTestCoordinator(b, false, nil, 0)
+			peers := make([]uuid.UUID, 4)
+			for i := range peers {
+				peers[i] = uuid.New()
+				register(b, c, peers[i])
+			}
+			for i := 0; i < 40000+retries; i += 5000 {
+				items := make([]driver.NewWork, 5000)
+				for j := range items {
+					items[j] = driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprintf("s-%d", i+j), Name: "n"}
+				}
+				if _, err := c.Enqueue(ctx, items); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// The retries: claimed by the peers, then failed with a delay.
+			failed := 0
+			for failed < retries {
+				for _, p := range peers {
+					res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: p, Lease: time.Hour, MaxPerCategory: min(1000, retries-failed)})
+					if err != nil {
+						b.Fatal(err)
+					}
+					if len(res.Work) == 0 {
+						continue
+					}
+					fails := make([]driver.Failure, len(res.Work))
+					for i, w := range res.Work {
+						fails[i] = driver.Failure{Ref: w.Ref(), Error: "later"}
+					}
+					if _, err := c.Fail(ctx, driver.FailRequest{InstanceID: p, Failures: fails, MaxAttempts: 10, RetryBase: time.Hour, RetryMax: time.Hour}); err != nil {
+						b.Fatal(err)
+					}
+					failed += len(fails)
+				}
+			}
+			for _, p := range peers {
+				for held := 0; held < 4000; {
+					res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: p, Lease: time.Hour, MaxPerCategory: 1000})
+					if err != nil || len(res.Work) == 0 {
+						b.Fatalf("peer claim: %d rows, %v", len(res.Work), err)
+					}
+					held += len(res.Work)
+				}
+			}
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				inst := uuid.New()
+				register(b, c, inst)
+				res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: inst, Lease: time.Hour, MaxPerCategory: 100})
+				if err != nil || len(res.Work) == 0 {
+					b.Fatalf("claim: %d rows, %v", len(res.Work), err)
+				}
+				b.StartTimer()
+				if err := c.Deregister(ctx, inst); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
