@@ -58,19 +58,22 @@ func (v versionMigration) lockAndRead(ctx context.Context, tx *sql.Tx, create bo
 	if !reg.Valid {
 		return nil, 0, nil
 	}
-	rows, err := tx.QueryContext(ctx, fmt.Sprintf(`SELECT version FROM %s.%s`, q, VersionTable))
+	rows, err := tx.QueryContext(ctx, fmt.Sprintf(`SELECT version, name FROM %s.%s`, q, VersionTable))
 	if err != nil {
 		return nil, 0, err
 	}
 	defer rows.Close()
 	got, cur := map[int]bool{}, 0
 	for rows.Next() {
-		var n int
-		if err := rows.Scan(&n); err != nil {
+		var a AppliedVersion
+		if err := rows.Scan(&a.Version, &a.Name); err != nil {
 			return nil, 0, err
 		}
-		got[n] = true
-		cur = max(cur, n)
+		if a.Version == v.m.Version && a.Name != v.m.Name {
+			return nil, 0, sameVersion(v.schema, a, []Migration{v.m})
+		}
+		got[a.Version] = true
+		cur = max(cur, a.Version)
 	}
 	return got, cur, rows.Err()
 }

@@ -361,6 +361,51 @@ func TestDatabaseAheadOfCode(t *testing.T) {
 	}
 }
 
+// TestVersionRecordedUnderAnotherName: a schema whose version table holds
+// one of this build's version numbers under another name (a build with
+// other migrations applied it) is refused by Up, Down, GetStatus and
+// ApplyInTx, each naming both versions, and nothing is changed.
+func TestVersionRecordedUnderAnotherName(t *testing.T) {
+	t.Parallel()
+	db := pgtest.DB(t)
+	schema := pgtest.Schema(t)
+	ctx := context.Background()
+	latest := migrations.Latest()
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`UPDATE "%s".%s SET name = 'gone_elsewhere' WHERE version = $1`, schema, migrations.VersionTable), latest); err != nil {
+		t.Fatal(err)
+	}
+	migs, err := migrations.Render(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := migs[latest-1]
+	want := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, migrations.ErrVersionDiffers) || !strings.Contains(err.Error(), fmt.Sprintf("%04d_gone_elsewhere", latest)) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("%04d_%s", latest, m.Name)) {
+			t.Fatalf("%s = %v, want ErrVersionDiffers naming %04d_gone_elsewhere and %04d_%s", what, err, latest, latest, m.Name)
+		}
+	}
+	rels, funcs := objects(t, db, schema)
+	_, err = migrations.Up(ctx, db, schema)
+	want("Up", err)
+	_, err = migrations.Down(ctx, db, schema, latest-1)
+	want("Down", err)
+	_, err = migrations.GetStatus(ctx, db, schema)
+	want("GetStatus", err)
+	for _, up := range []bool{true, false} {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want(fmt.Sprintf("ApplyInTx(up=%v)", up), migrations.ApplyInTx(ctx, tx, schema, m, up))
+		_ = tx.Rollback()
+	}
+	if r, f := objects(t, db, schema); r != rels || f != funcs {
+		t.Fatal("a refused migration changed the schema")
+	}
+}
+
 // TestWriteFunctionsPinTheirPlans: every function that runs with
 // enable_seqscan = off (the write functions) also runs with
 // plan_cache_mode = force_generic_plan, and with jit off. Under the default

@@ -13,6 +13,12 @@ import (
 // newer than this build knows: the code is older than the database.
 var ErrDatabaseAhead = errors.New("workpump migrations: database schema is newer than this build")
 
+// ErrVersionDiffers is returned when the database records a version
+// number under another name than this build gives that number: a build
+// whose migrations differ applied it, so this build can neither tell what
+// that version created nor revert it.
+var ErrVersionDiffers = errors.New("workpump migrations: database records a schema version that differs from this build's")
+
 // AppliedVersion is one row of the version table.
 type AppliedVersion struct {
 	Version   int
@@ -72,7 +78,7 @@ func UpTo(ctx context.Context, db *sql.DB, schema string, target int) ([]int, er
 		if err != nil {
 			return err
 		}
-		cur, err := checkApplied(schema, have, len(migs))
+		cur, err := checkApplied(schema, have, migs)
 		if err != nil {
 			return err
 		}
@@ -112,7 +118,7 @@ func Down(ctx context.Context, db *sql.DB, schema string, target int) ([]int, er
 		if err != nil {
 			return err
 		}
-		cur, err := checkApplied(schema, have, len(migs))
+		cur, err := checkApplied(schema, have, migs)
 		if err != nil {
 			return err
 		}
@@ -161,6 +167,15 @@ func GetStatus(ctx context.Context, db *sql.DB, schema string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
+	migs, err := Render(schema)
+	if err != nil {
+		return Status{}, err
+	}
+	for _, a := range have {
+		if err := sameVersion(schema, a, migs); err != nil {
+			return Status{}, err
+		}
+	}
 	st := Status{Schema: schema, Latest: latest, Applied: have}
 	for _, a := range have {
 		st.Current = max(st.Current, a.Version)
@@ -173,14 +188,19 @@ func GetStatus(ctx context.Context, db *sql.DB, schema string) (Status, error) {
 }
 
 // checkApplied returns the current version, or an error when the recorded
-// versions are not exactly 1..n or n is newer than this build.
-func checkApplied(schema string, have []AppliedVersion, latest int) (int, error) {
+// versions are not exactly 1..n, n is newer than this build, or a version
+// this build knows is recorded under another name.
+func checkApplied(schema string, have []AppliedVersion, migs []Migration) (int, error) {
+	latest := len(migs)
 	for i, a := range have {
 		if a.Version != i+1 {
 			if a.Version > latest {
 				break
 			}
 			return 0, fmt.Errorf("workpump migrations: %s.%s records versions out of sequence (version %d at position %d)", schema, VersionTable, a.Version, i+1)
+		}
+		if err := sameVersion(schema, a, migs); err != nil {
+			return 0, err
 		}
 	}
 	cur := 0
@@ -191,6 +211,19 @@ func checkApplied(schema string, have []AppliedVersion, latest int) (int, error)
 		return 0, fmt.Errorf("%w: schema %q is at version %d, this build knows versions up to %d; deploy the newer build, or migrate down with it first", ErrDatabaseAhead, schema, cur, latest)
 	}
 	return cur, nil
+}
+
+// sameVersion returns an error wrapping ErrVersionDiffers when a, a
+// version this build knows (one of migs, by number), is recorded under
+// another name than this build's.
+func sameVersion(schema string, a AppliedVersion, migs []Migration) error {
+	for _, m := range migs {
+		if m.Version == a.Version && m.Name != a.Name {
+			return fmt.Errorf("%w: schema %q records version %d as %04d_%s, this build's version %d is %04d_%s; revert it with the build that applied it (migrate down --to %d), then migrate up with this one",
+				ErrVersionDiffers, schema, a.Version, a.Version, a.Name, m.Version, m.Version, m.Name, a.Version-1)
+		}
+	}
+	return nil
 }
 
 // readApplied returns the version rows in order, or nil when the version

@@ -85,6 +85,7 @@ type benchResult struct {
 	LockWaitSharePump   float64         `json:"lock_wait_share_pump,omitempty"`
 	Phases              []appwritePhase `json:"phases,omitempty"`
 	*procsResult                        // --processes
+	*orderReport                        // burn-down over streams
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -304,6 +305,7 @@ func medianOf(runs []benchResult) benchResult {
 	out.Runs = len(runs)
 	out.RowsWritten = nil
 	out.procsResult = nil // per-instance figures have no median
+	out.orderReport = nil
 	out.Seconds = med(func(r benchResult) float64 { return r.Seconds })
 	out.ItemsPerSec = med(func(r benchResult) float64 { return r.ItemsPerSec })
 	out.EnqueueItemsPerSec = med(func(r benchResult) float64 { return r.EnqueueItemsPerSec })
@@ -510,7 +512,7 @@ func burndown(ctx context.Context, c benchConfig, be benchBackend, out io.Writer
 	}
 	fmt.Fprintf(out, "order violations: %d (duplicates %d, missing %d)\n", o.violations, o.duplicates, o.missing)
 	fmt.Fprintf(out, "handler runs of a later attempt: %d\n", rec.laterAttempts.Load())
-	res.procsResult = &procsResult{OrderCheck: orderCheckMethod, OrderViolations: o.violations, Duplicates: o.duplicates, Missing: o.missing,
+	res.orderReport = &orderReport{OrderCheck: orderCheckMethod, OrderViolations: o.violations, Duplicates: o.duplicates, Missing: o.missing,
 		Replacements: ch.replaced, LaterAttempts: rec.laterAttempts.Load()}
 	if c.churn > 0 {
 		res.ChurnSeconds = c.churn.Seconds()

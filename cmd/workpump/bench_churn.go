@@ -74,6 +74,9 @@ type inProcessChurn struct {
 	replaced  int
 }
 
+// churnReadyTimeout bounds the wait for a new pump's readiness.
+const churnReadyTimeout = time.Minute
+
 // step starts a new pump, waits until its Health is ready (as a readiness
 // probe would), then stops the oldest running pump gracefully.
 func (ch *inProcessChurn) step(ctx context.Context) error {
@@ -86,10 +89,10 @@ func (ch *inProcessChurn) step(ctx context.Context) error {
 	p := ps[0]
 	ch.all = append(ch.all, p)
 	ch.live = append(ch.live, p)
-	deadline := time.Now().Add(ch.c.stallAfter)
+	deadline := time.Now().Add(churnReadyTimeout)
 	for !p.Health().Ready {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("churn: a new pump was not ready within %v", ch.c.stallAfter)
+			return fmt.Errorf("churn: a new pump was not ready within %v", churnReadyTimeout)
 		}
 		select {
 		case <-ctx.Done():

@@ -41,16 +41,22 @@ type procsResult struct {
 	CPUSecondsPer1000   float64   `json:"cpu_seconds_per_1000_items"`
 	PGCommits           int64     `json:"pg_commits"` // xact_commit delta of the database over the drain window
 	ItemsPerCommit      float64   `json:"items_per_commit"`
-	OrderCheck          string    `json:"order_check"`
-	OrderViolations     int       `json:"order_violations"`
-	Duplicates          int       `json:"duplicates"`
-	Missing             int       `json:"missing"`
-	ChurnSeconds        float64   `json:"churn_seconds,omitempty"` // --churn: the period of the rolling-deploy steps
-	Replacements        int       `json:"replacements"`            // --churn: children replaced during the drain
 	// MidStep: the drain ended while a churn step's new child ran but
 	// was not yet ready, so the oldest child had not been stopped; that
 	// new child ran and reports, without a replacement counted.
 	MidStep bool `json:"mid_step,omitempty"`
+}
+
+// orderReport is what a burn-down over streams adds to the --json line,
+// in one process or several: the order check over the handler records,
+// and the churn steps.
+type orderReport struct {
+	OrderCheck      string  `json:"order_check"`
+	OrderViolations int     `json:"order_violations"`
+	Duplicates      int     `json:"duplicates"`
+	Missing         int     `json:"missing"`
+	ChurnSeconds    float64 `json:"churn_seconds,omitempty"` // --churn: the period of the rolling-deploy steps
+	Replacements    int     `json:"replacements"`            // --churn: children (in one process: pumps) replaced during the drain
 	// LaterAttempts counts handler runs of an attempt after the first: a
 	// row handed out again after its lease or claim was lost without a
 	// release. Graceful stops give every unrun attempt back, so a churned
@@ -414,7 +420,8 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		}
 	}
 
-	pr := &procsResult{Processes: c.processes, OrderCheck: orderCheckMethod, Replacements: replacements, ChurnSeconds: c.churn.Seconds(), MidStep: midStep}
+	pr := &procsResult{Processes: c.processes, MidStep: midStep}
+	or := &orderReport{OrderCheck: orderCheckMethod, Replacements: replacements, ChurnSeconds: c.churn.Seconds()}
 	var cpu float64
 	var claims uint64
 	var runs [][5]int64
@@ -441,7 +448,7 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		pcpu := f.CPUUser + f.CPUSys
 		cpu += pcpu
 		claims += f.Claims
-		pr.LaterAttempts += f.LaterAttempts
+		or.LaterAttempts += f.LaterAttempts
 		runs = append(runs, f.Runs...)
 		pr.InstancesPerProcess = append(pr.InstancesPerProcess, ch.instances)
 		pr.PerProcess = append(pr.PerProcess, sum)
@@ -465,12 +472,12 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 		}
 	}
 	oc := checkOrder(runs, c.n, c.streams)
-	pr.OrderViolations, pr.Duplicates, pr.Missing = oc.violations, oc.duplicates, oc.missing
+	or.OrderViolations, or.Duplicates, or.Missing = oc.violations, oc.duplicates, oc.missing
 	fmt.Fprintln(out, "order check: per stream, every item's handler started after the handler of the item before it returned (handler timestamps from the one system clock, merged across processes), and every item was handled once")
 	fmt.Fprintf(out, "order violations: %d (duplicates %d, missing %d)\n", oc.violations, oc.duplicates, oc.missing)
-	fmt.Fprintf(out, "handler runs of a later attempt: %d (a row handed out again after an attempt was lost without a release)\n", pr.LaterAttempts)
+	fmt.Fprintf(out, "handler runs of a later attempt: %d (a row handed out again after an attempt was lost without a release)\n", or.LaterAttempts)
 	res := benchResult{Items: c.n, Seconds: took.Seconds(), ItemsPerSec: float64(c.n) / took.Seconds(), EnqueueItemsPerSec: float64(c.n) / enq.Seconds(),
-		Claims: int64(claims), procsResult: pr}
+		Claims: int64(claims), procsResult: pr, orderReport: or}
 	if oc.violations != 0 || oc.missing != 0 {
 		res.Mode, res.Store, res.Instances = c.mode, be.name(), c.instances // benchOnce fills them only on success
 		if c.asJSON {

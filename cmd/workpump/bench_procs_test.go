@@ -131,6 +131,7 @@ func TestBenchProcesses_Postgres(t *testing.T) {
 		Items     int `json:"items"`
 		Instances int `json:"instances"`
 		procsResult
+		orderReport
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
 		t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
@@ -149,8 +150,8 @@ func TestBenchProcesses_Postgres(t *testing.T) {
 	if sum != n || p.PerProcess[0] != p.PerInstance[0]+p.PerInstance[1] || p.PerProcess[1] != p.PerInstance[2] {
 		t.Fatalf("per instance %v (sum %d), per process %v; want a sum of %d split 2+1", p.PerInstance, sum, p.PerProcess, n)
 	}
-	if p.OrderCheck != orderCheckMethod || p.OrderViolations != 0 || p.Duplicates != 0 || p.Missing != 0 {
-		t.Fatalf("order check %q: %d violations, %d duplicates, %d missing; want 0", p.OrderCheck, p.OrderViolations, p.Duplicates, p.Missing)
+	if o := res.orderReport; o.OrderCheck != orderCheckMethod || o.OrderViolations != 0 || o.Duplicates != 0 || o.Missing != 0 {
+		t.Fatalf("order check %q: %d violations, %d duplicates, %d missing; want 0", o.OrderCheck, o.OrderViolations, o.Duplicates, o.Missing)
 	}
 	if p.ProcessCPUSeconds[0] <= 0 || p.PGCommits <= 0 {
 		t.Fatalf("process CPU %v, commits %d: want both measured", p.ProcessCPUSeconds, p.PGCommits)
@@ -357,23 +358,24 @@ func TestBenchChurn_Postgres(t *testing.T) {
 	var res struct {
 		Items int `json:"items"`
 		procsResult
+		orderReport
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
 		t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
 	}
-	p := res.procsResult
-	if p.Replacements < 1 || p.ChurnSeconds != 0.2 {
-		t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.2 s\n%s", p.Replacements, p.ChurnSeconds, r.stdout)
+	p, o := res.procsResult, res.orderReport
+	if o.Replacements < 1 || o.ChurnSeconds != 0.2 {
+		t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.2 s\n%s", o.Replacements, o.ChurnSeconds, r.stdout)
 	}
 	// Every child that ran reports: the 2 first, one per replacement, and
 	// one released for a step the drain's end cut short.
-	ran := 2 + p.Replacements
+	ran := 2 + o.Replacements
 	if p.MidStep {
 		ran++
 	}
 	if len(p.InstancesPerProcess) != ran || len(p.PerProcess) != ran || len(p.PerInstance) != ran || len(p.ProcessCPUSeconds) != ran {
 		t.Fatalf("%d replacements but per process %v, instances per process %v, per instance %v, CPU %v: want %d entries each",
-			p.Replacements, p.PerProcess, p.InstancesPerProcess, p.PerInstance, p.ProcessCPUSeconds, ran)
+			o.Replacements, p.PerProcess, p.InstancesPerProcess, p.PerInstance, p.ProcessCPUSeconds, ran)
 	}
 	var sum int64
 	for _, v := range p.PerProcess {
@@ -382,15 +384,15 @@ func TestBenchChurn_Postgres(t *testing.T) {
 	if res.Items != n || sum != n {
 		t.Fatalf("items %d, completions over all children %d (%v); want %d", res.Items, sum, p.PerProcess, n)
 	}
-	if p.OrderViolations != 0 || p.Duplicates != 0 || p.Missing != 0 {
-		t.Fatalf("order check: %d violations, %d duplicates, %d missing; want 0", p.OrderViolations, p.Duplicates, p.Missing)
+	if o.OrderViolations != 0 || o.Duplicates != 0 || o.Missing != 0 {
+		t.Fatalf("order check: %d violations, %d duplicates, %d missing; want 0", o.OrderViolations, o.Duplicates, o.Missing)
 	}
 	// Every stop was graceful: no attempt was spent without a run, even of
 	// a claim in flight when its child was told to stop.
-	if p.LaterAttempts != 0 {
-		t.Fatalf("%d handler runs of a later attempt; want 0 (graceful stops give unrun attempts back)", p.LaterAttempts)
+	if o.LaterAttempts != 0 {
+		t.Fatalf("%d handler runs of a later attempt; want 0 (graceful stops give unrun attempts back)", o.LaterAttempts)
 	}
-	for _, want := range []string{"replacement 1: process 1 (pid ", "replaced by process 3 (pid ", fmt.Sprintf("churn: %d replacements", p.Replacements), "order violations: 0 (duplicates 0, missing 0)", "handler runs of a later attempt: 0"} {
+	for _, want := range []string{"replacement 1: process 1 (pid ", "replaced by process 3 (pid ", fmt.Sprintf("churn: %d replacements", o.Replacements), "order violations: 0 (duplicates 0, missing 0)", "handler runs of a later attempt: 0"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("stdout lacks %q:\n%s", want, r.stdout)
 		}
@@ -431,12 +433,12 @@ func TestBenchChurn_InProcess(t *testing.T) {
 			lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 			var res struct {
 				Items int `json:"items"`
-				procsResult
+				orderReport
 			}
 			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
 				t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
 			}
-			p := res.procsResult
+			p := res.orderReport
 			if p.Replacements < 1 || p.ChurnSeconds != 0.05 {
 				t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.05 s\n%s", p.Replacements, p.ChurnSeconds, r.stdout)
 			}

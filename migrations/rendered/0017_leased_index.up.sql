@@ -8,8 +8,9 @@
 -- from the table, so a stop cost time in proportion to what the other
 -- instances held and to the retries waiting, not to what the departing
 -- instance held. With this index the release reads only its own rows.
--- Building it reads the work tables' leased rows once, during the
--- migration; claims and renewals write one more index entry per row.
+-- Building it reads each work table once and holds off writes to that
+-- table meanwhile, inside the migration's transaction; afterwards claims
+-- and renewals write one more index entry per row.
 
 CREATE INDEX wp_outbox_leased ON "public".wp_outbox (instance_id)
     WHERE processed_at IS NULL AND instance_id IS NOT NULL;
