@@ -124,7 +124,6 @@ func TestBenchProcesses_Postgres(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	// json cannot fill benchResult's embedded pointer to an unexported
 	// type, so the line is read into the same fields by value.
 	var res struct {
@@ -133,9 +132,7 @@ func TestBenchProcesses_Postgres(t *testing.T) {
 		procsResult
 		orderReport
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
-	}
+	lastJSON(t, r.stdout, &res)
 	p := res.procsResult
 	if res.Items != n || res.Instances != 3 || p.Processes != 2 || !slices.Equal(p.InstancesPerProcess, []int{2, 1}) {
 		t.Fatalf("items %d, instances %d, processes %d, per process %v; want %d, 3, 2, [2 1]", res.Items, res.Instances, p.Processes, p.InstancesPerProcess, n)
@@ -354,15 +351,12 @@ func TestBenchChurn_Postgres(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	var res struct {
 		Items int `json:"items"`
 		procsResult
 		orderReport
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
-	}
+	lastJSON(t, r.stdout, &res)
 	p, o := res.procsResult, res.orderReport
 	if o.Replacements < 1 || o.ChurnSeconds != 0.2 {
 		t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.2 s\n%s", o.Replacements, o.ChurnSeconds, r.stdout)
@@ -430,14 +424,11 @@ func TestBenchChurn_InProcess(t *testing.T) {
 			if r.code != 0 {
 				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 			}
-			lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 			var res struct {
 				Items int `json:"items"`
 				orderReport
 			}
-			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-				t.Fatalf("last line is not the JSON result: %v\n%s", err, r.stdout)
-			}
+			lastJSON(t, r.stdout, &res)
 			p := res.orderReport
 			if p.Replacements < 1 || p.ChurnSeconds != 0.05 {
 				t.Fatalf("%d replacements, churn %v s; want at least 1 every 0.05 s\n%s", p.Replacements, p.ChurnSeconds, r.stdout)
