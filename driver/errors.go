@@ -28,9 +28,11 @@ var (
 	ErrSchemaNotReady = errors.New("workpump: schema not ready")
 	// ErrSchemaMismatch is returned by CheckSchema when the store records a
 	// setting every process sharing it must agree on (its partition count)
-	// and the driver is configured with another value; the message names
-	// both. A pump does not start then: running with another partition
-	// count would break per-stream order without any error.
+	// and the driver is configured with another value, or when the
+	// schema's functions or recorded versions are not the ones this build
+	// installs; the message names both sides. A pump does not start then:
+	// running with another partition count would break per-stream order
+	// without any error.
 	ErrSchemaMismatch = errors.New("workpump: configuration does not match the schema")
 	// ErrClosed is returned by calls on a closed coordinator, subscription or
 	// a killed memdriver instance.

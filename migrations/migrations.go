@@ -31,7 +31,10 @@
 // A test records a checksum of every released file and fails when one is
 // edited. Installed functions are checked too: FunctionsSQL and
 // VerifyFunctions compare a schema's functions with the ones this build
-// installs, recorded by go generate.
+// installs, recorded by go generate. The version table records each
+// version's name as well as its number, and the migrator (and
+// VerifyApplied, which drivers call when they check a schema) refuses a
+// number recorded under another name than this build's.
 package migrations
 
 import (

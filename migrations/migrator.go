@@ -213,6 +213,24 @@ func checkApplied(schema string, have []AppliedVersion, migs []Migration) (int, 
 	return cur, nil
 }
 
+// VerifyApplied returns an error wrapping ErrVersionDiffers when applied
+// (a schema's version table) records one of this build's version numbers
+// under another name, and nil otherwise; versions newer than this build
+// are not looked at.
+func VerifyApplied(schema string, applied []AppliedVersion) error {
+	srcs := sources()
+	migs := make([]Migration, len(srcs))
+	for i, src := range srcs {
+		migs[i] = Migration{Version: src.version, Name: src.name}
+	}
+	for _, a := range applied {
+		if err := sameVersion(schema, a, migs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // sameVersion returns an error wrapping ErrVersionDiffers when a, a
 // version this build knows (one of migs, by number), is recorded under
 // another name than this build's.

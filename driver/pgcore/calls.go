@@ -203,6 +203,7 @@ type statements struct {
 	stats, statsLeases, version, counts           string
 	oldestReady, deadByCategory                   string
 	functions                                     string // migrations.FunctionsSQL
+	applied                                       string // the version table's rows
 	copyInto                                      copyStatements
 	gated                                         claimTexts // nil: claims use claim
 
@@ -263,6 +264,7 @@ func newStatements(schema string, d Dialect, syncAcks, asyncClaims bool) stateme
 	}
 	// The schema is valid here (Options.WithDefaults checked it).
 	st.functions, _ = migrations.FunctionsSQL(schema)
+	st.applied = `SELECT version, name FROM ` + s + `.` + migrations.VersionTable + ` ORDER BY version`
 	return st
 }
 

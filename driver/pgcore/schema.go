@@ -68,10 +68,12 @@ func (c *Core) CheckVersion(ctx context.Context) error {
 }
 
 // verifyFunctions compares the installed functions with the ones this
-// build's migrations install: the version number alone cannot tell a
-// function edited by hand, or installed by a build whose SQL for the same
-// version differs. A difference wraps driver.ErrSchemaMismatch and
-// migrations.ErrFunctionsDiffer and names the functions.
+// build's migrations install, and the recorded versions' names with this
+// build's: the version number alone cannot tell a function edited by
+// hand, or a version applied by a build whose migrations differ. A
+// difference wraps driver.ErrSchemaMismatch and
+// migrations.ErrFunctionsDiffer or migrations.ErrVersionDiffers, and
+// names the functions or the versions.
 //
 // Deparsing every function costs tens of milliseconds on a connection whose
 // catalog caches are cold, so the read runs in a transaction of its own
@@ -109,8 +111,30 @@ func (c *Core) verifyFunctions(ctx context.Context) (err error) {
 	if err := rows.Err(); err != nil {
 		return c.mapError("CheckSchema", err)
 	}
+	rows, err = tx.Query(ctx, c.sql.applied)
+	if err != nil {
+		return c.mapError("CheckSchema", err)
+	}
+	var applied []migrations.AppliedVersion
+	for rows.Next() {
+		var a migrations.AppliedVersion
+		if err := rows.Scan(&a.Version, &a.Name); err != nil {
+			_ = rows.Close()
+			return c.mapError("CheckSchema", err)
+		}
+		applied = append(applied, a)
+	}
+	if err := rows.Close(); err != nil {
+		return c.mapError("CheckSchema", err)
+	}
+	if err := rows.Err(); err != nil {
+		return c.mapError("CheckSchema", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return c.mapError("CheckSchema", err)
+	}
+	if err := migrations.VerifyApplied(c.opts.Schema, applied); err != nil {
+		return fmt.Errorf("%w: %w", driver.ErrSchemaMismatch, err)
 	}
 	if err := migrations.VerifyFunctions(c.opts.Schema, fns); err != nil {
 		return fmt.Errorf("%w: %w", driver.ErrSchemaMismatch, err)

@@ -1148,6 +1148,38 @@ func TestCheckSchemaNamesFunctionsThatDiffer(t *testing.T) {
 	}
 }
 
+// TestCheckSchemaNamesAVersionThatDiffers: a schema whose version table
+// records one of this build's numbers under another name (a build with
+// other migrations applied it) is refused with ErrSchemaMismatch naming
+// both versions, though its functions are this build's; restoring the
+// name makes it pass again.
+func TestCheckSchemaNamesAVersionThatDiffers(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	c := mustNew(t, pool, Options{Schema: schema})
+	if err := c.CheckSchema(ctx); err != nil {
+		t.Fatalf("CheckSchema of a fresh schema: %v", err)
+	}
+	table := fmt.Sprintf(`"%s".%s`, schema, migrations.VersionTable)
+	var name string
+	if err := pool.QueryRow(ctx, `UPDATE `+table+` SET name = 'applied_elsewhere' WHERE version = 9
+		RETURNING (SELECT v.name FROM `+table+` v WHERE v.version = 9)`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	err := c.CheckSchema(ctx)
+	if !errors.Is(err, driver.ErrSchemaMismatch) || !errors.Is(err, migrations.ErrVersionDiffers) ||
+		!strings.Contains(err.Error(), "0009_applied_elsewhere") || !strings.Contains(err.Error(), "0009_"+name) {
+		t.Fatalf("CheckSchema with version 9 recorded as applied_elsewhere = %v, want ErrSchemaMismatch naming 0009_applied_elsewhere and 0009_%s", err, name)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET name = $1 WHERE version = 9`, name); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckSchema(ctx); err != nil {
+		t.Fatalf("CheckSchema after restoring the name: %v", err)
+	}
+}
+
 // TestEveryQueryExecMode: a pool in any of pgx's query modes enqueues,
 // claims, renews and completes. In the modes that do not learn parameter
 // types from the server (Exec, SimpleProtocol) uuid arrays go as text.
