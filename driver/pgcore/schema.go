@@ -92,42 +92,16 @@ func (c *Core) verifyFunctions(ctx context.Context) (err error) {
 	if err := tx.Exec(ctx, `SELECT set_config('statement_timeout', '0', true)`); err != nil {
 		return c.mapError("CheckSchema", err)
 	}
-	rows, err := tx.Query(ctx, c.sql.functions)
+	fns, err := queryAll(ctx, tx, c.sql.functions, func(r Rows, f *migrations.InstalledFunction) error {
+		return r.Scan(&f.Signature, &f.Checksum)
+	})
 	if err != nil {
 		return c.mapError("CheckSchema", err)
 	}
-	var fns []migrations.InstalledFunction
-	for rows.Next() {
-		var f migrations.InstalledFunction
-		if err := rows.Scan(&f.Signature, &f.Checksum); err != nil {
-			_ = rows.Close()
-			return c.mapError("CheckSchema", err)
-		}
-		fns = append(fns, f)
-	}
-	if err := rows.Close(); err != nil {
-		return c.mapError("CheckSchema", err)
-	}
-	if err := rows.Err(); err != nil {
-		return c.mapError("CheckSchema", err)
-	}
-	rows, err = tx.Query(ctx, c.sql.applied)
+	applied, err := queryAll(ctx, tx, c.sql.applied, func(r Rows, a *migrations.AppliedVersion) error {
+		return r.Scan(&a.Version, &a.Name)
+	})
 	if err != nil {
-		return c.mapError("CheckSchema", err)
-	}
-	var applied []migrations.AppliedVersion
-	for rows.Next() {
-		var a migrations.AppliedVersion
-		if err := rows.Scan(&a.Version, &a.Name); err != nil {
-			_ = rows.Close()
-			return c.mapError("CheckSchema", err)
-		}
-		applied = append(applied, a)
-	}
-	if err := rows.Close(); err != nil {
-		return c.mapError("CheckSchema", err)
-	}
-	if err := rows.Err(); err != nil {
 		return c.mapError("CheckSchema", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -140,6 +114,27 @@ func (c *Core) verifyFunctions(ctx context.Context) (err error) {
 		return fmt.Errorf("%w: %w", driver.ErrSchemaMismatch, err)
 	}
 	return nil
+}
+
+// queryAll runs sql on q and returns every row, each read by scan.
+func queryAll[T any](ctx context.Context, q Querier, sql string, scan func(Rows, *T) error) ([]T, error) {
+	rows, err := q.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := scan(rows, &v); err != nil {
+			_ = rows.Close()
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	return out, rows.Err()
 }
 
 // RecordedPartitionCount reads the partition count the schema records,

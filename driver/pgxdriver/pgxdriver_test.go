@@ -1103,18 +1103,26 @@ func TestSelfPollingHandshake(t *testing.T) {
 	waitSignal(t, sub, isWork, "after the period")
 }
 
+// checkedSchema returns a pool, a fresh schema and a coordinator on it
+// whose CheckSchema passed.
+func checkedSchema(t *testing.T) (*pgxpool.Pool, string, *Coordinator) {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	c := mustNew(t, pool, Options{Schema: schema})
+	if err := c.CheckSchema(context.Background()); err != nil {
+		t.Fatalf("CheckSchema of a fresh schema: %v", err)
+	}
+	return pool, schema, c
+}
+
 // TestCheckSchemaNamesFunctionsThatDiffer: a schema at the right version
 // whose functions are not this build's (one edited by hand, one added, one
 // dropped) is refused with ErrSchemaMismatch naming each; restoring them
 // makes it pass again.
 func TestCheckSchemaNamesFunctionsThatDiffer(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	schema := pgtest.CleanSchema(t)
-	c := mustNew(t, pool, Options{Schema: schema})
-	if err := c.CheckSchema(ctx); err != nil {
-		t.Fatalf("CheckSchema of a fresh schema: %v", err)
-	}
+	pool, schema, c := checkedSchema(t)
 	var def string
 	if err := pool.QueryRow(ctx, `SELECT pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 		WHERE n.nspname = $1 AND p.proname = 'wp_stats'`, schema).Scan(&def); err != nil {
@@ -1155,12 +1163,7 @@ func TestCheckSchemaNamesFunctionsThatDiffer(t *testing.T) {
 // name makes it pass again.
 func TestCheckSchemaNamesAVersionThatDiffers(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	schema := pgtest.CleanSchema(t)
-	c := mustNew(t, pool, Options{Schema: schema})
-	if err := c.CheckSchema(ctx); err != nil {
-		t.Fatalf("CheckSchema of a fresh schema: %v", err)
-	}
+	pool, schema, c := checkedSchema(t)
 	table := fmt.Sprintf(`"%s".%s`, schema, migrations.VersionTable)
 	var name string
 	if err := pool.QueryRow(ctx, `UPDATE `+table+` SET name = 'applied_elsewhere' WHERE version = 9
