@@ -167,14 +167,8 @@ func GetStatus(ctx context.Context, db *sql.DB, schema string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	migs, err := Render(schema)
-	if err != nil {
+	if err := VerifyApplied(schema, have); err != nil {
 		return Status{}, err
-	}
-	for _, a := range have {
-		if err := sameVersion(schema, a, migs); err != nil {
-			return Status{}, err
-		}
 	}
 	st := Status{Schema: schema, Latest: latest, Applied: have}
 	for _, a := range have {
