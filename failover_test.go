@@ -151,7 +151,7 @@ func streamsOfRank(rank, live, n int) []string {
 	var out []string
 	for i := 0; len(out) < n; i++ {
 		s := fmt.Sprintf("failover-%d", i)
-		if driver.PartitionOf(s, driver.DefaultPartitionCount)%live == rank {
+		if driver.RankOf(driver.PartitionOf(s, driver.DefaultPartitionCount), live) == rank {
 			out = append(out, s)
 		}
 	}

@@ -623,7 +623,7 @@ func TestPump_PeerSettleHandsStreamToRankOwner(t *testing.T) {
 		a, b := hi, lo // B ranks first once both are live
 		stream := ""
 		for i := 0; stream == ""; i++ {
-			if cand := fmt.Sprint("s", i); driver.PartitionOf(cand, driver.DefaultPartitionCount)%2 == 0 {
+			if cand := fmt.Sprint("s", i); driver.RankOf(driver.PartitionOf(cand, driver.DefaultPartitionCount), 2) == 0 {
 				stream = cand // rank 0 of two: B's
 			}
 		}

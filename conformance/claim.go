@@ -311,8 +311,8 @@ func partitionCases() []testCase {
 		{name: "Partition/ThreeInstancesSplitByRank", run: func(e *env) { partitionSplit(e, 3, 40, 0) }},
 		{name: "Partition/StreamlessRowsDistributedByRank", run: func(e *env) { partitionSplit(e, 3, 0, 60) }},
 		{name: "Partition/FiveInstancesCoverAllRowsOnce", partitions: 1000, run: func(e *env) { partitionSplit(e, 5, 50, 50) }},
-		// Live counts 2^k times 1, 3, 5 or 15: Postgres drivers find a rank's
-		// rows by index key ranges there instead of filtering every rank's rows.
+		// Postgres drivers find a rank's rows by a range of index keys: every
+		// count, and the ends of every rank's range, must route exactly.
 		{name: "Partition/FourInstancesCoverAllRowsOnce", partitions: 1000, run: func(e *env) { partitionSplit(e, 4, 60, 40) }},
 		{name: "Partition/SixInstancesCoverAllRowsOnce", partitions: 1000, run: func(e *env) { partitionSplit(e, 6, 90, 30) }},
 		{name: "Partition/EightInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 8, 120, 40) }},
@@ -323,6 +323,8 @@ func partitionCases() []testCase {
 		{name: "Partition/EdgePartitionsOfEachRank/Six", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 6) }},
 		{name: "Partition/EdgePartitionsOfEachRank/Three", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 3) }},
 		{name: "Partition/EdgePartitionsOfEachRank/Ten", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 10) }},
+		{name: "Partition/EdgePartitionsOfEachRank/Seven", partitions: 1 << 20, run: func(e *env) { partitionEdges(e, 7) }},
+		{name: "Partition/SevenInstancesCoverAllRowsOnce", partitions: 10000, run: func(e *env) { partitionSplit(e, 7, 70, 35) }},
 		{name: "Partition/StaleButRegisteredInstanceKeepsItsRank", run: partitionStaleKeepsRank},
 		{name: "Partition/RanksShiftWhenAnInstanceLeaves", run: partitionLeave},
 		{name: "Partition/JoiningInstanceTakesItsRank", run: partitionJoin},
@@ -363,8 +365,9 @@ func partitionSingle(e *env) {
 }
 
 // partitionSplit enqueues streams and streamless rows in every category and
-// lets n instances claim: each must get exactly the rows whose Partition
-// mod n is its rank, and together they cover every row once.
+// lets n instances claim: each must get exactly the rows whose
+// driver.RankOf(Partition, n) is its rank, and together they cover every
+// row once.
 func partitionSplit(e *env, n, streams, streamless int) {
 	live := e.instances(n)
 	var ws []driver.NewWork
@@ -392,8 +395,8 @@ func partitionSplit(e *env, n, streams, streamless int) {
 				e.t.Fatalf("row %s handed to rank %d after rank %s already holds it", w.ID, i, short(prev))
 			}
 			claimed[w.ID] = inst
-			if got := w.Partition % n; got != i {
-				e.t.Fatalf("rank %d claimed %s with partition %d (mod %d = %d)", i, w.Ref(), w.Partition, n, got)
+			if got := driver.RankOf(w.Partition, n); got != i {
+				e.t.Fatalf("rank %d claimed %s with partition %d (rank %d of %d)", i, w.Ref(), w.Partition, got, n)
 			}
 		}
 		e.wantIDs(fmt.Sprintf("rank %d of %d", i, n), res.Work, want[inst]...)
@@ -403,24 +406,22 @@ func partitionSplit(e *env, n, streams, streamless int) {
 	}
 }
 
-// partitionEdges gives each of n ranks the streams of its lowest and highest
-// partitions modulo 2^15: low 15 bits r mod 2^k and 0x7fff with the low k
-// bits r mod 2^k, where 2^k is the largest power of two dividing n (the ends
-// of the rank's key range, where a Postgres claim finds the rank's rows by
-// range), and a partition above 2^15: each rank claims exactly its three.
+// partitionEdges gives each of n ranks the streams of the lowest and the
+// highest rank key of its range (driver.RankKeyRange: the ends of the
+// range a Postgres claim reads the rank's rows by) and one of a partition
+// above 2^15: each rank claims exactly its three.
 func partitionEdges(e *env, n int) {
 	live := e.instances(n)
-	pow2 := n & -n
 	want := map[uuid.UUID][]uuid.UUID{}
 	var ws []driver.NewWork
 	for r := range n {
-		low := r % pow2
+		lo, hi := driver.RankKeyRange(r, n)
 		for i, ok := range []func(p int) bool{
-			func(p int) bool { return p&0x7fff == low },
-			func(p int) bool { return p&0x7fff == 0x7fff&^(pow2-1)|low },
-			func(p int) bool { return p > 0x7fff },
+			func(p int) bool { return driver.RankKey(p) == lo },
+			func(p int) bool { return driver.RankKey(p) == hi-1 },
+			func(p int) bool { return p > 0x7fff && driver.RankOf(p, n) == r },
 		} {
-			stream := streamWhere(fmt.Sprintf("edge-%d-%d", r, i), e.partitions, func(p int) bool { return p%n == r && ok(p) })
+			stream := streamWhere(fmt.Sprintf("edge-%d-%d", r, i), e.partitions, ok)
 			w := item(driver.Categories[(r+i)%4], stream)
 			ws = append(ws, w)
 			want[live[r]] = append(want[live[r]], w.ID)

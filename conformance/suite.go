@@ -201,11 +201,11 @@ func sortUUIDs(ids []uuid.UUID) {
 	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
 }
 
-// rankOwner is the live instance whose rank equals partition mod liveCount.
+// rankOwner is the live instance of rank driver.RankOf(partition, liveCount).
 func rankOwner(partition int, live []uuid.UUID) uuid.UUID {
 	s := slices.Clone(live)
 	sortUUIDs(s)
-	return s[partition%len(s)]
+	return s[driver.RankOf(partition, len(s))]
 }
 
 // streamWhere returns the first stream name "<prefix>-<i>" whose partition

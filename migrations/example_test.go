@@ -38,6 +38,7 @@ func ExampleRender() {
 	// 0015_rank_residues: creates wp_ objects in "shop": true
 	// 0016_bounded_reads: creates wp_ objects in "shop": true
 	// 0017_leased_index: creates wp_ objects in "shop": true
+	// 0018_key_ranges: creates wp_ objects in "shop": true
 	// true
 }
 

@@ -49,6 +49,8 @@ var released = map[string]string{
 	"0016_bounded_reads.up.sql":        "7d2b95672d6db9e7d4ad42af699378206757ccae0c6370d9034c83eaf7ff92b8",
 	"0017_leased_index.down.sql":       "41d2e1e68174cff58458a6ff7faf31bf2b1064d58bbf3e8899610a730fd8865d",
 	"0017_leased_index.up.sql":         "a5ff089142c4198d86d0ce07c3cdb834d45a652ba65c5cb19dceaaf44fdfd9a1",
+	"0018_key_ranges.down.sql":         "cc415c6baffafc69d4ec380eb5d6d1a3673440102230036bbec5ed2ea10222d6",
+	"0018_key_ranges.up.sql":           "bbae4c40a348d02a4898bc98f081955f49fa0cecb0fdfffe1d89ee1a88341d6d",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released

@@ -505,9 +505,8 @@ func TestRetryDelayMirrorsDriver(t *testing.T) {
 
 // TestRankKeyReversesTheLow15Bits checks wp_rank_key, the second key of the
 // fresh indexes, against Go's bit reversal for every 16-bit value and for
-// larger partitions, and the property claims rely on: for a power-of-two
-// live count L (up to 2^15), partition mod L = rank exactly when the key
-// lies in [key(rank), key(rank) + 32768/L).
+// larger partitions, and wp_rank_of, the rank that claims a partition's
+// rows, against driver.RankOf for live counts from 1 to past 2^15.
 func TestRankKeyReversesTheLow15Bits(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
@@ -533,12 +532,17 @@ func TestRankKeyReversesTheLow15Bits(t *testing.T) {
 			t.Fatalf("wp_rank_key(%d) = %d, want %d", p, keys[i], want)
 		}
 	}
-	for _, l := range []int32{2, 4, 8, 1 << 10, 1 << 15} {
+	for _, l := range []int32{1, 2, 3, 5, 7, 16, 17, 64, 1000, 1 << 15, 40000} {
+		var ranks []int32
+		err := pool.QueryRow(context.Background(), fmt.Sprintf(
+			`SELECT array_agg("%s".wp_rank_of(p, $2) ORDER BY i) FROM unnest($1::integer[]) WITH ORDINALITY AS u(p, i)`, schema),
+			ps, l).Scan(&ranks)
+		if err != nil {
+			t.Fatal(err)
+		}
 		for i, p := range ps {
-			rank := p % l
-			lo := int32(rev15(rank))
-			if k := int32(keys[i]); k < lo || k >= lo+(1<<15)/l {
-				t.Fatalf("partition %d, live %d: key %d outside rank %d's range [%d, %d)", p, l, k, rank, lo, lo+(1<<15)/l)
+			if want := driver.RankOf(int(p), int(l)); int(ranks[i]) != want {
+				t.Fatalf("wp_rank_of(%d, %d) = %d, driver.RankOf = %d", p, l, ranks[i], want)
 			}
 		}
 	}

@@ -209,7 +209,10 @@ type overviewData struct {
 
 type instanceRow struct {
 	driver.InstanceState
-	Rank, Live   int
+	Rank, Live int
+	// KeyLo and KeyHi bound the rank keys the instance's rank takes:
+	// [KeyLo, KeyHi) of driver.RankKeys.
+	KeyLo, KeyHi int
 	HeartbeatAge time.Duration
 	// LockMissing is how long a sweep has seen the reported lock missing.
 	LockMissing time.Duration
@@ -264,6 +267,7 @@ func (u *ui) overview(r *http.Request, v *view) (string, error) {
 	live := rankOrder(st.Instances)
 	for i, in := range live {
 		row := instanceRow{InstanceState: in, Rank: i, Live: len(live), HeartbeatAge: st.Now.Sub(in.LastHeartbeatAt)}
+		row.KeyLo, row.KeyHi = driver.RankKeyRange(i, len(live))
 		if !in.LockMissingSince.IsZero() {
 			row.LockMissing = st.Now.Sub(in.LockMissingSince)
 		}
@@ -604,6 +608,8 @@ type streamData struct {
 	// maps to; zero when no item or no instance tells.
 	RankOwner  uuid.UUID
 	Partition  int
+	RankKey    int // the partition's rank key (driver.RankKey)
+	Rank       int // the rank that key falls to among Live instances
 	Live       int
 	Items      []streamItem
 	Dead       []driver.DeadLetter
@@ -702,7 +708,8 @@ func (u *ui) stream(r *http.Request, v *view) (string, error) {
 		d.Partition = d.Dead[0].Partition
 	}
 	if d.Partition >= 0 && len(live) > 0 {
-		d.RankOwner = live[d.Partition%len(live)].ID
+		d.RankKey, d.Rank = driver.RankKey(d.Partition), driver.RankOf(d.Partition, len(live))
+		d.RankOwner = live[d.Rank].ID
 	}
 	return "stream", nil
 }

@@ -283,7 +283,7 @@ func (s *Store) checkRegistered(id uuid.UUID) error {
 
 // claimer returns the instance that may claim a row of the stream whose
 // entry is st (nil for a streamless row) with partition: the live owner of an unexpired stream
-// lease, else the instance whose rank is partition mod liveCount; uuid.Nil
+// lease, else the instance of rank driver.RankOf(partition, liveCount); uuid.Nil
 // when no instance is registered.
 func (s *Store) claimer(st *streamRow, partition int, now time.Time) uuid.UUID {
 	if st != nil && st.owner != uuid.Nil && !st.expiry.Before(now) && s.instances[st.owner] != nil {
@@ -292,7 +292,7 @@ func (s *Store) claimer(st *streamRow, partition int, now time.Time) uuid.UUID {
 	if len(s.live) == 0 {
 		return uuid.Nil
 	}
-	return s.live[partition%len(s.live)]
+	return s.live[driver.RankOf(partition, len(s.live))]
 }
 
 // cloneJSONObject copies metadata, storing empty as {} the way a NOT NULL

@@ -166,7 +166,7 @@ func outbox(stream string) driver.NewWork {
 func streamOf(prefix string, partitions, n, rank int) string {
 	for i := 0; ; i++ {
 		s := fmt.Sprintf("%s-%d", prefix, i)
-		if driver.PartitionOf(s, partitions)%n == rank {
+		if driver.RankOf(driver.PartitionOf(s, partitions), n) == rank {
 			return s
 		}
 	}
@@ -449,7 +449,7 @@ func TestSignalRouting(t *testing.T) {
 		f.heartbeat(c)
 	}
 	f.enqueue(outbox(sb))
-	rank := driver.PartitionOf(sb, 64) % 3
+	rank := driver.RankOf(driver.PartitionOf(sb, 64), 3)
 	subs := []driver.Subscription{subA, subB, subC}
 	for i, sub := range subs {
 		var want []driver.Signal

@@ -300,7 +300,7 @@ func (s *Store) settle(r *row, owner uuid.UUID) {
 	if st.unhold(holder) && owner != uuid.Nil && st.row && st.owner == owner {
 		st.endRow()
 		if len(s.live) > 1 {
-			if to := s.live[r.w.Partition%len(s.live)]; to != owner {
+			if to := s.live[driver.RankOf(r.w.Partition, len(s.live))]; to != owner {
 				s.deliver(to, driver.Signal{Kind: driver.SignalWork, Category: r.w.Category})
 			}
 		}

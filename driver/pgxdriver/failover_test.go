@@ -99,7 +99,7 @@ func TestLockLossFailoverTerminatedListener(t *testing.T) {
 		n := 0
 		for i := 0; n < 4; i++ {
 			s := fmt.Sprintf("pgx-failover-%d", i)
-			if driver.PartitionOf(s, driver.DefaultPartitionCount)%len(ids) == rank {
+			if driver.RankOf(driver.PartitionOf(s, driver.DefaultPartitionCount), len(ids)) == rank {
 				items = append(items, driver.NewWork{Category: driver.Outbox, StreamID: s})
 				n++
 			}

@@ -72,7 +72,7 @@ func hungIDs(partitions int) (a, b uuid.UUID, stream string) {
 	b[0] = 0xf0
 	for i := 0; ; i++ {
 		stream = fmt.Sprintf("hung-%d", i)
-		if driver.PartitionOf(stream, partitions)%2 == 1 {
+		if driver.RankOf(driver.PartitionOf(stream, partitions), 2) == 1 {
 			return a, b, stream
 		}
 	}

@@ -117,14 +117,17 @@ func (s *sim) spread(owner map[string]uuid.UUID) (minS, maxS, minP, maxP int) {
 	for _, id := range s.live {
 		minS, maxS = min(minS, perS[id]), max(maxS, perS[id])
 	}
-	n := len(s.live)
-	return minS, maxS, driver.DefaultPartitionCount / n, (driver.DefaultPartitionCount + n - 1) / n
+	perP := make([]int, len(s.live))
+	for p := range driver.DefaultPartitionCount {
+		perP[driver.RankOf(p, len(s.live))]++
+	}
+	return minS, maxS, slices.Min(perP), slices.Max(perP)
 }
 
 // TestSixtyFourInstances: with 64 live instances every stream goes to
 // exactly one of them, every instance gets a share, and a join or a leave
-// moves the streams the routing rule (partition mod live count, ranks by
-// instance id) says it moves: predicted here from the rule itself and
+// moves the streams the routing rule (driver.RankOf, ranks by instance id)
+// says it moves: predicted here from the rule itself and
 // compared with what the claims did.
 func TestSixtyFourInstances(t *testing.T) {
 	full := os.Getenv("WORKPUMP_SIM_REPORT") != ""
@@ -189,7 +192,8 @@ func TestSixtyFourInstances(t *testing.T) {
 
 // predictedMoves is the share of the streams whose rank owner differs
 // between two live sets, from the routing rule alone: a stream's partition
-// p goes to the instance at rank p mod n of the live ids in order.
+// p goes to the instance at rank driver.RankOf(p, n) of the live ids in
+// order.
 func predictedMoves(before, after []uuid.UUID, streams int) float64 {
 	rank := func(live []uuid.UUID) []uuid.UUID {
 		l := slices.Clone(live)
@@ -200,7 +204,7 @@ func predictedMoves(before, after []uuid.UUID, streams int) float64 {
 	n := 0
 	for i := range streams {
 		p := driver.PartitionOf(fmt.Sprintf("s%05d", i), driver.DefaultPartitionCount)
-		if b[p%len(b)] != a[p%len(a)] {
+		if b[driver.RankOf(p, len(b))] != a[driver.RankOf(p, len(a))] {
 			n++
 		}
 	}
