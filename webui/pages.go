@@ -210,10 +210,10 @@ type overviewData struct {
 type instanceRow struct {
 	driver.InstanceState
 	Rank, Live int
-	// KeyLo and KeyHi bound the rank keys the instance's rank takes:
-	// [KeyLo, KeyHi) of driver.RankKeys.
-	KeyLo, KeyHi int
-	HeartbeatAge time.Duration
+	// KeyFirst and KeyLast are the first and the last rank key the
+	// instance's rank takes (of driver.RankKeys).
+	KeyFirst, KeyLast int
+	HeartbeatAge      time.Duration
 	// LockMissing is how long a sweep has seen the reported lock missing.
 	LockMissing time.Duration
 	Leases      []catCount
@@ -267,7 +267,8 @@ func (u *ui) overview(r *http.Request, v *view) (string, error) {
 	live := rankOrder(st.Instances)
 	for i, in := range live {
 		row := instanceRow{InstanceState: in, Rank: i, Live: len(live), HeartbeatAge: st.Now.Sub(in.LastHeartbeatAt)}
-		row.KeyLo, row.KeyHi = driver.RankKeyRange(i, len(live))
+		lo, hi := driver.RankKeyRange(i, len(live))
+		row.KeyFirst, row.KeyLast = lo, hi-1
 		if !in.LockMissingSince.IsZero() {
 			row.LockMissing = st.Now.Sub(in.LockMissingSince)
 		}

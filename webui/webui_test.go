@@ -217,7 +217,7 @@ func TestUI_Overview(t *testing.T) {
 	if p.status != 200 {
 		t.Fatalf("status %d: %s", p.status, p.body)
 	}
-	mustContain(t, p, w.inst.String()[28:], "billing-worker", "host-a · 4242", "1 live", "keys 0–32768", `id="dead-total">3<`, "<svg", "data-live=")
+	mustContain(t, p, w.inst.String()[28:], "billing-worker", "host-a · 4242", "1 live", "keys 0–32767", `id="dead-total">3<`, "<svg", "data-live=")
 	// outbox: r1 ready (r2 waits behind it but is ready too), nothing leased; inbox: h2 waits behind held h1.
 	if !regexp.MustCompile(`data-category="outbox">\s*<td>.*</td>\s*<td class="num">2</td>`).MatchString(p.body) {
 		t.Errorf("outbox row does not show 2 ready:\n%s", p.body)
