@@ -42,8 +42,8 @@
 // lease has not expired is claimed only by that owner. Any other row is
 // claimed only by the instance of rank RankOf(Partition, liveCount): the
 // instances divide the partitions' rank keys into equal ranges in rank
-// order, so a join or a leave keeps at least half of the partitions where
-// they were.
+// order, so a join or a leave keeps at least half of the key space (and
+// about that share of the partitions) where it was.
 // Claiming a row of a stream makes the caller its owner until now+Lease;
 // renewing a row's lease extends its stream's lease too. Ownership ends early
 // when the owner completes, fails or releases its last leased row of the

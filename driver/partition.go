@@ -42,9 +42,11 @@ func RankKey(partition int) int {
 // liveCount instances: the instances divide the rank keys into liveCount
 // ranges of equal width, in rank order, and rank r takes the keys k with
 // k*liveCount/RankKeys = r. An instance joining or leaving shifts each
-// range by less than one range's width, so at least half of the partitions
-// keep their instance, where partition mod liveCount would move almost
-// every one. RankOf panics when liveCount is not positive.
+// range by less than one range's width, so at least half of the key space
+// keeps its instance (and about as large a share of the partitions, when
+// there are many more partitions than instances), where partition mod
+// liveCount would move almost every partition. RankOf panics when
+// liveCount is not positive.
 func RankOf(partition, liveCount int) int {
 	if liveCount <= 0 {
 		panic("driver.RankOf: liveCount must be > 0")

@@ -15,7 +15,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_check_pause_args(text, boolean, text)", Checksum: "eff910675dbae1e36f59935f71e35c6b"},
 		{Signature: "wp_claim_lock_rows(text, uuid[], tid[], bigint[], text[], text[], boolean, text[], timestamp with time zone)", Checksum: "79663683649f9efb6aa737773bd0f6bb"},
 		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "8058bfde1d144411a8634306127c37fe"},
-		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone, integer)", Checksum: "8a12154428f642391b6ed116e10c6da6"},
+		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone, integer)", Checksum: "e201cf014aa19cb77bb81e37b53e92e1"},
 		{Signature: "wp_cleanup_stale_instances(bigint, bigint, timestamp with time zone, bigint)", Checksum: "b20bb9a3a8c04082f3ee1bae22183e92"},
 		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "c83032baccfec8aac2be8949f7df15c2"},
 		{Signature: "wp_cut_batch(uuid[], tid[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], integer)", Checksum: "f6ad137f1a0832d155f6ffd16497c71f"},

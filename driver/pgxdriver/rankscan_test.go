@@ -94,3 +94,56 @@ func claimCounting(t *testing.T, c *Coordinator, inst uuid.UUID, index string) (
 	}
 	return partitions, fetched - before
 }
+
+// TestClaimSeesOwnedStreamOfUnknownPartition: an ownership row may carry
+// no partition (unknown, counted as outside its owner's rank). The owner's
+// claim then reads every rank's fresh rows, so the stream's new rows,
+// which no one else may take while it owns the stream, still reach it.
+func TestClaimSeesOwnedStreamOfUnknownPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := newTestCoordinator(t, false, nil, 1000)
+	x := uuid.UUID{0x10, 1}
+	a := uuid.UUID{0x80, 1}
+	stream := ""
+	for i := 0; stream == ""; i++ {
+		// rank 0 of two, far from rank 1's keys: x's once x joins
+		if s := fmt.Sprintf("unknown-%d", i); driver.RankKey(driver.PartitionOf(s, 1000)) < 4096 {
+			stream = s
+		}
+	}
+	register(t, c, a)
+	if _, err := c.Enqueue(ctx, []driver.NewWork{{Category: driver.Outbox, StreamID: stream}}); err != nil {
+		t.Fatal(err)
+	}
+	if ws := claimAll(t, c, a); len(ws) != 1 {
+		t.Fatalf("a claimed %d rows, want 1", len(ws))
+	}
+	register(t, c, x) // x ranks 0 and takes the stream's key; a still owns it
+	if _, err := c.Pool().Exec(ctx, fmt.Sprintf(`UPDATE %q.wp_active_streams SET partition_number = NULL WHERE stream_id = $1`, c.Schema()), stream); err != nil {
+		t.Fatal(err)
+	}
+	// A row that enough fresh rows of x's rank precede keeps a from
+	// finding it by luck at the head of a narrow scan.
+	var filler []driver.NewWork
+	for i := range 50 {
+		filler = append(filler, driver.NewWork{Category: driver.Inbox, StreamID: fmt.Sprintf("filler-%d", i)})
+	}
+	if _, err := c.Enqueue(ctx, append(filler, driver.NewWork{Category: driver.Inbox, StreamID: stream})); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, w := range claimAll(t, c, a) {
+		if w.StreamID == stream {
+			got = append(got, w.StreamID)
+		}
+	}
+	if len(got) != 1 {
+		t.Fatalf("a, the stream's live owner, claimed %d of its stream's new rows, want 1", len(got))
+	}
+	for _, w := range claimAll(t, c, x) {
+		if w.StreamID == stream {
+			t.Fatalf("x claimed %s of a stream a owns", w.Ref())
+		}
+	}
+}

@@ -553,14 +553,16 @@ BEGIN
     -- then can a row of the caller's rank belong to a peer's stream). The
     -- pass saves an ownership probe per row the claim looks at. The fresh
     -- rows to look at are the caller's rank's key range (exactly its
-    -- rank's rows, for any live count), widened to the keys of its
-    -- streams in v_mine: a live count that moved by one shifts each range
-    -- by less than its width, so those keys are mostly next to the range.
+    -- rank's rows, for any live count), widened to cover the keys of its
+    -- streams in v_mine while it has any: a live count that moved by one
+    -- shifts each range by less than its width, so those keys are mostly
+    -- next to the range.
     IF v_live > 1 THEN
         SELECT COALESCE(array_agg(a.stream_id) FILTER (WHERE a.assigned_instance_id = p_instance_id), '{}'),
                COALESCE(bool_or(a.assigned_instance_id <> p_instance_id), false),
-               min({{.S}}.wp_rank_key(a.partition_number)) FILTER (WHERE a.assigned_instance_id = p_instance_id),
-               max({{.S}}.wp_rank_key(a.partition_number)) FILTER (WHERE a.assigned_instance_id = p_instance_id)
+               -- (a stream of unknown partition widens the range to every key)
+               min(COALESCE({{.S}}.wp_rank_key(a.partition_number), 0)) FILTER (WHERE a.assigned_instance_id = p_instance_id),
+               max(COALESCE({{.S}}.wp_rank_key(a.partition_number), 32767)) FILTER (WHERE a.assigned_instance_id = p_instance_id)
           INTO v_mine, v_strays, v_mlo, v_mhi
           FROM {{.S}}.wp_active_streams a
          -- (an owner that is not live counts too: a needless probe at worst)
