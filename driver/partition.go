@@ -31,8 +31,8 @@ const RankKeys = 1 << 15
 
 // RankKey is the key that routes a partition's rows: the partition's low 15
 // bits in reverse order. Reversed, the keys of any number of partitions
-// spread evenly over [0, RankKeys), so equal ranges of keys hold equal
-// shares of the partitions whatever the partition count. (Partitions that
+// spread evenly over [0, RankKeys), so equal ranges of keys hold nearly
+// equal shares of the partitions whatever the partition count. (Partitions that
 // agree in their low 15 bits share a key and route together.)
 func RankKey(partition int) int {
 	return int(bits.Reverse16(uint16(partition&(RankKeys-1))) >> 1)
@@ -45,8 +45,8 @@ func RankKey(partition int) int {
 // range by less than one range's width, so at least half of the key space
 // keeps its instance (and about as large a share of the partitions, when
 // there are many more partitions than instances), where partition mod
-// liveCount would move almost every partition. RankOf panics when
-// liveCount is not positive.
+// liveCount would move all but about 1/(liveCount+1) of them. RankOf
+// panics when liveCount is not positive.
 func RankOf(partition, liveCount int) int {
 	if liveCount <= 0 {
 		panic("driver.RankOf: liveCount must be > 0")
