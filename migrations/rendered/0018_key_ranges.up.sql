@@ -3,15 +3,16 @@
 -- workpump schema, version 18: each rank takes one range of rank keys.
 --
 -- An unowned row went to the instance of rank partition mod live count, so
--- a join or a leave moved almost every partition to another instance, and
--- every stream in flight during the change was handed over once its batch
--- ended. Now the ranks divide the rank keys (wp_rank_key) into equal
--- ranges in rank order (wp_rank_of): a join or a leave shifts each range by
--- less than its width and at least half of the partitions stay where they
--- were. A rank's rows are one range of the fresh index's second key for
--- any live count, so the index drops the residues that served the counts
--- the old rule could narrow, and its entries shrink. Rebuilding it reads
--- the work tables' pending rows once, during the migration. Every function
+-- a join or a leave among n instances moved all but about 1/(n+1) of the
+-- partitions to another instance, and every stream in flight during the
+-- change was handed over once its batch ended. Now the ranks divide the
+-- rank keys (wp_rank_key) into equal ranges in rank order (wp_rank_of): a
+-- join or a leave shifts each range by less than its width, and at least
+-- half of the key space (about that share of the partitions) stays where it
+-- was. A rank's rows are one range of the fresh index's second key for any
+-- live count, so the index drops the residues that served the counts the
+-- old rule could narrow, and its entries shrink. Rebuilding it reads the
+-- work tables' pending rows once, during the migration. Every function
 -- that routes by rank (claims, the enqueue wake-ups, the hand-over wake-up
 -- when a stream's ownership ends) is replaced.
 
