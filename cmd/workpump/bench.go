@@ -35,6 +35,7 @@ type benchConfig struct {
 	handlerDelay                       time.Duration // continuous and in-process burndown: how long each handler runs
 	asJSON, reset, asyncClaims         bool
 	claimsAtOnce                       int
+	vacuumAfter                        int
 	noSelfPolling                      bool
 	noPacing                           bool
 	selfPollInterval                   time.Duration
@@ -56,6 +57,7 @@ type benchResult struct {
 	Runs               int     `json:"runs,omitempty"` // set on the summary line of --repeat: the fields are medians
 	AsyncClaims        bool    `json:"async_claims,omitempty"`
 	ClaimsAtOnce       int     `json:"claims_at_once,omitempty"`
+	VacuumAfter        int     `json:"vacuum_after,omitempty"`
 	NoSelfPolling      bool    `json:"no_self_polling,omitempty"`
 	NoPacing           bool    `json:"no_pacing,omitempty"`
 	BareConsumer       bool    `json:"bare_consumer,omitempty"` // appwrite: the pump phases ran the bare consumer instead
@@ -113,6 +115,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.asJSON, "json", false, "end with one JSON line")
 	fs.BoolVar(&c.asyncClaims, "async-claims", false, "Postgres: claims commit with synchronous_commit = off (pgxdriver.Options.AsynchronousClaims)")
 	fs.IntVar(&c.claimsAtOnce, "claims-at-once", 0, "Postgres: how many claims of one process run in the database at once; 0 is the driver's default, negative unbounded (pgxdriver.Options.ClaimsAtOnce)")
+	fs.IntVar(&c.vacuumAfter, "vacuum-after", 0, "Postgres: rows each process claims from a work table before it vacuums that table; 0 is the driver's default, negative never (pgxdriver.Options.VacuumAfter)")
 	fs.BoolVar(&c.reset, "reset", false, "empty the --schema's work tables first, even if it holds work this run did not create")
 	fs.BoolVar(&c.noSelfPolling, "no-self-polling", false, "instances never poll by themselves: every enqueue NOTIFYs (Claim.DisableSelfPolling)")
 	fs.BoolVar(&c.noPacing, "no-pacing", false, "instances claim at once after a claim that ran beside another (Claim.DisablePacing)")
@@ -191,6 +194,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--otel-sampling must be between 0 and 1")
 	case c.asyncClaims && c.databaseURL == "":
 		return usagef("--async-claims: the in-memory driver has no commits to make asynchronous; give --database-url")
+	case c.vacuumAfter != 0 && c.databaseURL == "":
+		return usagef("--vacuum-after: the in-memory driver has no tables to vacuum; give --database-url")
 	case churnSet && c.churn <= 0:
 		return usagef("--churn must be > 0")
 	case churnSet && c.mode != "burndown":
@@ -280,6 +285,7 @@ func benchOnce(ctx context.Context, c benchConfig, stdout io.Writer) (benchResul
 	res.Mode, res.Store, res.Instances, res.AsyncClaims, res.NoSelfPolling, res.BareConsumer = c.mode, be.name(), c.instances, c.asyncClaims, c.noSelfPolling, c.bareConsumer
 	res.NoPacing = c.noPacing
 	res.ClaimsAtOnce = c.claimsAtOnce
+	res.VacuumAfter = c.vacuumAfter
 	res.Otel = c.otel
 	if c.otel {
 		res.OtelSampling = c.otelSampling

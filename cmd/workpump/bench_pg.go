@@ -43,7 +43,7 @@ func newPostgresBenchBackend(ctx context.Context, c benchConfig, out io.Writer) 
 		pool.Close()
 		return nil, fmt.Errorf("migrate schema %s: %w", schema, err)
 	}
-	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: schema, AsynchronousClaims: c.asyncClaims, ClaimsAtOnce: c.claimsAtOnce})
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: schema, AsynchronousClaims: c.asyncClaims, ClaimsAtOnce: c.claimsAtOnce, VacuumAfter: c.vacuumAfter})
 	if err != nil {
 		pool.Close()
 		return nil, err

@@ -203,6 +203,9 @@ func burndownProcs(ctx context.Context, c benchConfig, be *pgBenchBackend, out i
 	if c.claimsAtOnce != 0 {
 		childArgs = append(childArgs, "--claims-at-once", strconv.Itoa(c.claimsAtOnce))
 	}
+	if c.vacuumAfter != 0 {
+		childArgs = append(childArgs, "--vacuum-after", strconv.Itoa(c.vacuumAfter))
+	}
 	if c.noSelfPolling {
 		childArgs = append(childArgs, "--no-self-polling")
 	}
@@ -649,6 +652,7 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.BoolVar(&c.noSelfPolling, "no-self-polling", false, "")
 	fs.BoolVar(&c.noPacing, "no-pacing", false, "")
 	fs.IntVar(&c.claimsAtOnce, "claims-at-once", 0, "")
+	fs.IntVar(&c.vacuumAfter, "vacuum-after", 0, "")
 	fs.DurationVar(&c.selfPollInterval, "self-poll-interval", 0, "")
 	fs.StringVar(&c.schema, "schema", "", "")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "")
@@ -661,7 +665,7 @@ func runBenchChild(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer pool.Close()
-	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: c.schema, AsynchronousClaims: c.asyncClaims, ClaimsAtOnce: c.claimsAtOnce})
+	coord, err := pgxdriver.New(pool, pgxdriver.Options{Schema: c.schema, AsynchronousClaims: c.asyncClaims, ClaimsAtOnce: c.claimsAtOnce, VacuumAfter: c.vacuumAfter})
 	if err != nil {
 		return err
 	}

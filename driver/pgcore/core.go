@@ -72,6 +72,18 @@ type Options struct {
 	// bound; a negative value sets none. The claim loop's pacing spaces
 	// out every claim that overlaps another.
 	ClaimsAtOnce int
+	// VacuumAfter is how many rows this coordinator claims from one work
+	// table before it vacuums that table in the background, one vacuum per
+	// table at a time (VACUUM (SKIP_LOCKED, TRUNCATE false)). A claim reads
+	// pending rows through an index from the lowest seq, and steps over an
+	// entry for every row claimed since the table's last vacuum; autovacuum
+	// runs too seldom to keep that short while a large backlog drains, so
+	// without these vacuums each claim of a long drain costs more than the
+	// last. A vacuum holds one of the pool's connections while it runs. The
+	// role must own the table or the database, or be a superuser; a role
+	// that may not vacuum leaves the tables to autovacuum (logged once).
+	// 0 means DefaultVacuumAfter; a negative value turns the vacuums off.
+	VacuumAfter int
 	// EnqueueCopyThreshold is the batch size from which Enqueue writes new
 	// items with COPY instead of wp_enqueue's INSERT, where the client has
 	// COPY and no item carries its own ID (an ID the caller chose may
@@ -168,6 +180,9 @@ func (o Options) WithDefaults() (Options, error) {
 		o.SignalBuffer = defaultSignalBuffer
 	}
 	o.EnqueueCopyThreshold = copyThreshold(o.EnqueueCopyThreshold)
+	if o.VacuumAfter == 0 {
+		o.VacuumAfter = DefaultVacuumAfter
+	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
@@ -213,6 +228,8 @@ type Core struct {
 	// turns hands out the turns of Options.ClaimsAtOnce; nil when
 	// unbounded. Waiting claims are served in arrival order.
 	turns *claimTurns
+	// vac vacuums the work tables as claims drain them (VacuumAfter).
+	vac *vacuumer
 
 	mu   sync.Mutex
 	dial Dialer // nil: poll-only
@@ -250,6 +267,7 @@ func New(cl Client, opts Options) (*Core, error) {
 		sql:  newStatements(o.Schema, cl.Dialect, o.SynchronousAcks, o.AsynchronousClaims),
 		subs: make(map[uuid.UUID][]*subscription),
 	}
+	c.vac = newVacuumer(c, o.VacuumAfter)
 	clock := time.Now
 	if o.Now != nil {
 		clock = o.Now
@@ -316,7 +334,8 @@ func (c *Core) noSessions(err error) {
 	c.log.Warn("no signal listener: polling only, liveness by heartbeats alone", "reason", c.why)
 }
 
-// Close ends every subscription (releasing their alive-locks) and refuses
+// Close ends every subscription (releasing their alive-locks), cancels
+// the background vacuums (VacuumAfter) and waits for them, and refuses
 // further Listen calls. The client's pool is the caller's to close.
 // Idempotent.
 func (c *Core) Close() error {
@@ -330,6 +349,7 @@ func (c *Core) Close() error {
 	for _, s := range subs {
 		_ = s.Close()
 	}
+	c.vac.close()
 	return nil
 }
 

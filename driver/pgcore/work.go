@@ -276,6 +276,7 @@ func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.Claim
 	}
 	sortClaimed(res.Work)
 	res.HasMore = hasMore(res.Work, req.MaxPerCategory)
+	c.vac.claimedRows(res.Work)
 	return res, nil
 }
 

@@ -119,8 +119,12 @@ func TestLeastPrivilege_Postgres(t *testing.T) {
 	}
 
 	appPool := rolePool(t, app, 3)
+	// Every claim makes a vacuum due (VacuumAfter 1); the app role owns
+	// neither the tables nor the database, so none is sent (checked below).
+	coordLog, coordLogBuf := testLogger(t, "app coordinator")
 	newCoord := func() *pgxdriver.Coordinator {
-		c, err := pgxdriver.New(appPool, pgxdriver.Options{Schema: schema, ListenerReconnectMin: 50 * time.Millisecond, ListenerReconnectMax: 500 * time.Millisecond})
+		c, err := pgxdriver.New(appPool, pgxdriver.Options{Schema: schema, ListenerReconnectMin: 50 * time.Millisecond, ListenerReconnectMax: 500 * time.Millisecond,
+			VacuumAfter: 1, Logger: coordLog})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,6 +242,23 @@ func TestLeastPrivilege_Postgres(t *testing.T) {
 		t.Errorf("Stop (deregister) as the app role: %v", err)
 	}
 	stopped = true
+	const leftToAutovacuum = "work tables left to autovacuum"
+	waitUntil(t, 30*time.Second, "the coordinator's vacuum permission check", func() bool {
+		return strings.Contains(coordLogBuf.String(), leftToAutovacuum)
+	})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(coordLogBuf.String(), leftToAutovacuum); n != 1 {
+		t.Errorf("%q logged %d times, want once", leftToAutovacuum, n)
+	}
+	var vacuums int
+	if err := admin.QueryRow(ctx, `SELECT COALESCE(sum(vacuum_count), 0) FROM pg_stat_user_tables WHERE schemaname = $1`, schema).Scan(&vacuums); err != nil {
+		t.Fatal(err)
+	}
+	if vacuums != 0 {
+		t.Errorf("the schema's tables were vacuumed %d times, want none (the app role may not)", vacuums)
+	}
 	var instances, pending int
 	if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM "`+schema+`".wp_service_instances),
 		(SELECT count(*) FROM "`+schema+`".wp_outbox) + (SELECT count(*) FROM "`+schema+`".wp_perspective_events) +

@@ -296,3 +296,15 @@ func newSchemaName(t testing.TB) string {
 	}
 	return "wpt_" + hex.EncodeToString(b[:])
 }
+
+// VacuumCount returns how many times schema.table was vacuumed by a
+// VACUUM command (autovacuum not counted), as the server counts them.
+func VacuumCount(t testing.TB, schema, table string) int {
+	t.Helper()
+	var n int64
+	if err := Pool(t).QueryRow(context.Background(),
+		`SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`, schema, table).Scan(&n); err != nil {
+		t.Fatalf("vacuum count of %s.%s: %v", schema, table, err)
+	}
+	return int(n)
+}
