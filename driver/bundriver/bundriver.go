@@ -28,8 +28,9 @@ type Coordinator struct {
 
 // New returns a Coordinator over db, a *bun.DB with bun's Postgres dialect
 // (pgdialect). It does not touch the database; call CheckSchema (the pump
-// does) to verify the schema is installed. Close ends its listeners; db
-// stays the caller's.
+// does) to verify the schema is installed. Close ends its listeners and
+// its background vacuum (call it before closing db); db stays the
+// caller's.
 func New(db bun.IDB, opts Options) (*Coordinator, error) {
 	bdb, ok := db.(*bun.DB)
 	switch {

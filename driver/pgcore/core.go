@@ -73,14 +73,19 @@ type Options struct {
 	// out every claim that overlaps another.
 	ClaimsAtOnce int
 	// VacuumAfter is how many rows this coordinator claims from one work
-	// table before it vacuums that table in the background, one vacuum per
-	// table at a time (VACUUM (SKIP_LOCKED, TRUNCATE false)). A claim reads
-	// pending rows through an index from the lowest seq, and steps over an
-	// entry for every row claimed since the table's last vacuum; autovacuum
-	// runs too seldom to keep that short while a large backlog drains, so
-	// without these vacuums each claim of a long drain costs more than the
-	// last. A vacuum holds one of the pool's connections while it runs. The
-	// role must own the table or the database, or be a superuser; a role
+	// table before it vacuums that table in the background (VACUUM
+	// (SKIP_LOCKED, TRUNCATE false)). A claim reads pending rows through an
+	// index from the lowest seq, and steps over an entry for every row
+	// claimed since the table's last vacuum; autovacuum runs too seldom to
+	// keep that short while a large backlog drains, so without these
+	// vacuums each claim of a long drain costs more than the last. One
+	// vacuum runs at a time per coordinator, on a session of its own where
+	// the core opens sessions (as for the listener; application_name
+	// workpump-vacuum), else on one connection of the pool. It is skipped
+	// while a migration of the schema holds its lock, and a failed one
+	// makes the table wait for twice as many rows before the next (up to 64
+	// times). The role must own the table or the database, or be a
+	// superuser (from Postgres 17, or hold MAINTAIN on the table); a role
 	// that may not vacuum leaves the tables to autovacuum (logged once).
 	// 0 means DefaultVacuumAfter; a negative value turns the vacuums off.
 	VacuumAfter int

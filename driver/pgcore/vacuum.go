@@ -14,6 +14,15 @@ import (
 // coordinator claims from one work table before it vacuums that table.
 const DefaultVacuumAfter = 100_000
 
+// maxVacuumBackoff caps how far failed vacuums of a table space out the
+// next attempt: after n failures in a row the table is next due after
+// VacuumAfter << min(n, maxVacuumBackoff) rows.
+const maxVacuumBackoff = 6
+
+// vacuumAppName is the application_name of a vacuum's own session, so an
+// operator can tell it from the listener's in pg_stat_activity.
+const vacuumAppName = "workpump-vacuum"
+
 // vacuumer vacuums a work table in the background once the coordinator
 // has claimed Options.VacuumAfter rows from it since its last vacuum.
 //
@@ -26,12 +35,24 @@ const DefaultVacuumAfter = 100_000
 // backlog that drains within minutes. A vacuum removes those entries (and
 // frees the heap space for new rows).
 //
-// One vacuum per table runs at a time per coordinator. It skips a table
-// another session is vacuuming (SKIP_LOCKED) and never truncates the
-// table (truncation takes a lock that claims would queue behind). Only a
-// role that owns the table, owns the database or is a superuser may
-// vacuum it: the first time a vacuum is due, the role is checked once,
-// and a role that may not vacuum leaves the tables to autovacuum.
+// One vacuum runs at a time per coordinator, tables that fall due
+// meanwhile wait their turn, and each table waits for VacuumAfter more
+// rows after its vacuum began. The vacuums run on a session of their own
+// when the core opens sessions (the listener's dialer), so they never take
+// a connection the claims and acknowledgements need; otherwise on one
+// connection of the pool. A vacuum skips a table another session is
+// vacuuming (SKIP_LOCKED) and never truncates the table (truncation takes
+// a lock that claims would queue behind). On its own session it first
+// takes the schema's migration lock in shared mode, and skips the vacuum
+// while a migration holds or waits for it: a migration waiting for the
+// vacuum's table lock would make every claim queue behind it, while one
+// waiting for the advisory lock holds no table lock. (On the pool, which
+// may be a transaction pooler's, a session lock could outlive the
+// statement on another client's server connection, so there the vacuum
+// goes without it.) Only a role that owns the table, owns the database or
+// is a superuser (or, from Postgres 17, holds the MAINTAIN privilege on
+// it) may vacuum it: the first time a vacuum is due the role is checked
+// once, and a role that may not vacuum leaves the tables to autovacuum.
 type vacuumer struct {
 	c     *Core
 	after int // rows per table between vacuums; <= 0 never
@@ -40,13 +61,14 @@ type vacuumer struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	checking sync.Mutex // held while the role is checked (allowed)
-
-	mu      sync.Mutex
-	claimed map[string]int  // table: rows claimed since its last vacuum began
-	running map[string]bool // table: a vacuum of it is under way
-	allowed int             // 0 not checked yet, 1 may vacuum, -1 may not
-	closed  bool
+	mu       sync.Mutex
+	claimed  map[string]int  // table: rows claimed since its last vacuum began
+	failures map[string]int  // table: its vacuums that failed in a row
+	due      []string        // tables waiting for the worker, in the order they fell due
+	pending  map[string]bool // table: in due, or being vacuumed
+	working  bool            // the worker runs
+	allowed  int             // 0 not checked yet, 1 may vacuum, -1 may not
+	closed   bool
 	// ran is called after each vacuum with the table and the vacuum's
 	// error (tests only).
 	ran func(table string, err error)
@@ -55,10 +77,10 @@ type vacuumer struct {
 func newVacuumer(c *Core, after int) *vacuumer {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &vacuumer{c: c, after: after, ctx: ctx, cancel: cancel,
-		claimed: map[string]int{}, running: map[string]bool{}}
+		claimed: map[string]int{}, failures: map[string]int{}, pending: map[string]bool{}}
 }
 
-// claimedRows counts a claim's rows and starts the vacuums that are due.
+// claimedRows counts a claim's rows and queues the vacuums that fall due.
 func (v *vacuumer) claimedRows(work []driver.Work) {
 	if v == nil || v.after <= 0 || len(work) == 0 {
 		return
@@ -73,91 +95,218 @@ func (v *vacuumer) claimedRows(work []driver.Work) {
 		for j < len(work) && work[j].Category == work[i].Category {
 			j++
 		}
-		table := migrations.Table(string(work[i].Category))
-		v.claimed[table] += j - i
-		if table != "" && v.claimed[table] >= v.after && !v.running[table] {
-			v.claimed[table] = 0
-			v.running[table] = true
-			v.wg.Add(1)
-			go v.run(table)
-		}
+		table, n := migrations.Table(string(work[i].Category)), j-i
 		i = j
-	}
-}
-
-func (v *vacuumer) run(table string) {
-	defer v.wg.Done()
-	err := v.vacuum(table)
-	v.mu.Lock()
-	v.running[table] = false
-	ran := v.ran
-	v.mu.Unlock()
-	if ran != nil {
-		ran(table, err)
-	}
-}
-
-func (v *vacuumer) vacuum(table string) error {
-	qualified := `"` + v.c.opts.Schema + `".` + table
-	ok, err := v.mayVacuum(qualified)
-	if err != nil || !ok {
-		return err
-	}
-	start := time.Now()
-	if err := v.c.db.Exec(v.ctx, `VACUUM (SKIP_LOCKED, TRUNCATE false) `+qualified); err != nil {
-		if v.ctx.Err() == nil {
-			v.c.log.Warn("vacuum of a work table failed", "table", qualified, "error", err)
+		if table == "" {
+			continue
 		}
-		return err
+		v.claimed[table] += n
+		if v.claimed[table] < v.after<<min(v.failures[table], maxVacuumBackoff) || v.pending[table] {
+			continue
+		}
+		v.claimed[table] = 0
+		v.pending[table] = true
+		v.due = append(v.due, table)
+		if !v.working {
+			v.working = true
+			v.wg.Add(1)
+			go v.work()
+		}
 	}
-	v.c.log.Debug("vacuumed a work table", "table", qualified, "took", time.Since(start))
-	return nil
+}
+
+// work vacuums the due tables one at a time, on one session, until none
+// is left.
+func (v *vacuumer) work() {
+	defer v.wg.Done()
+	var s *vacuumSession
+	defer func() {
+		if s != nil {
+			s.end()
+		}
+	}()
+	for {
+		v.mu.Lock()
+		if len(v.due) == 0 || v.closed {
+			v.working = false
+			v.mu.Unlock()
+			return
+		}
+		table := v.due[0]
+		v.due = v.due[1:]
+		v.mu.Unlock()
+
+		var err error
+		if s == nil {
+			s, err = v.open()
+		}
+		if err == nil {
+			err = v.vacuum(s, table)
+			if s.broken {
+				s.end()
+				s = nil
+			}
+		}
+		v.mu.Lock()
+		delete(v.pending, table)
+		switch {
+		case err == nil:
+			delete(v.failures, table)
+		case errors.Is(err, errMayNotVacuum), errors.Is(err, errMigrating), v.ctx.Err() != nil:
+		default:
+			v.failures[table]++
+		}
+		failures := v.failures[table]
+		ran := v.ran
+		v.mu.Unlock()
+		switch {
+		case err != nil && failures > 0:
+			v.c.log.Warn("vacuum of a work table failed; its next one waits for more claimed rows",
+				"table", table, "failures_in_a_row", failures, "error", err)
+		case errors.Is(err, errMigrating):
+			v.c.log.Debug("vacuum skipped: a migration holds or waits for the schema's migration lock", "table", table)
+		}
+		if ran != nil {
+			ran(table, err)
+		}
+	}
+}
+
+// vacuumSession is what the vacuums run on: a session of their own, or
+// one connection of the pool.
+type vacuumSession struct {
+	q      Querier
+	own    Session // nil on the pool
+	conn   Conn    // nil on a session of its own
+	broken bool    // a statement failed: end it rather than reuse it
+}
+
+func (s *vacuumSession) end() {
+	switch {
+	case s.own != nil:
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.own.Close(ctx)
+	case s.broken:
+		s.conn.Discard()
+	default:
+		s.conn.Release()
+	}
+}
+
+// open returns a session of the vacuums' own when the core opens
+// sessions, else a connection of the pool.
+func (v *vacuumer) open() (*vacuumSession, error) {
+	v.c.mu.Lock()
+	dial := v.c.dial
+	v.c.mu.Unlock()
+	if dial != nil {
+		own, err := dial(v.ctx)
+		if err == nil {
+			if _, err = queryRow(v.ctx, own, `SELECT set_config('application_name', $1, false)`, []any{vacuumAppName}, new(string)); err == nil {
+				return &vacuumSession{q: own, own: own}, nil
+			}
+			_ = own.Close(context.Background())
+		}
+		if v.ctx.Err() != nil {
+			return nil, v.ctx.Err()
+		}
+		v.c.log.Debug("vacuum on a pool connection: no session of its own", "error", err)
+	}
+	conn, err := v.c.db.Conn(v.ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &vacuumSession{q: conn, conn: conn}, nil
 }
 
 // errMayNotVacuum is what a vacuum reports when the role may not vacuum
 // the work tables (tests only; the core logs it once).
 var errMayNotVacuum = errors.New("the role may not vacuum the work tables")
 
-// mayVacuum reports whether the role may vacuum the work tables, checking
-// once (vacuums of other tables due meanwhile wait for the answer; a
-// failed check is tried again at the next vacuum due).
-func (v *vacuumer) mayVacuum(qualified string) (bool, error) {
-	v.checking.Lock()
-	defer v.checking.Unlock()
+// errMigrating is what a vacuum reports when it skipped its table because
+// a migration of the schema holds or waits for the migration lock.
+var errMigrating = errors.New("a migration holds the schema's migration lock")
+
+func (v *vacuumer) vacuum(s *vacuumSession, table string) error {
+	qualified := `"` + v.c.opts.Schema + `".` + table
+	if err := v.mayVacuum(s, qualified); err != nil {
+		return err
+	}
+	ph := v.c.d.ph
+	if s.own != nil {
+		ph = dollar
+		var locked bool
+		if _, err := queryRow(v.ctx, s.q, `SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))`,
+			[]any{migrations.LockKeyText(v.c.opts.Schema)}, &locked); err != nil {
+			s.broken = true
+			return err
+		}
+		if !locked {
+			return errMigrating
+		}
+	}
+	start := time.Now()
+	err := s.q.Exec(v.ctx, `VACUUM (SKIP_LOCKED, TRUNCATE false) `+qualified)
+	if err != nil {
+		s.broken = true
+	}
+	if s.own != nil && !s.broken {
+		var unlocked bool
+		if _, uerr := queryRow(v.ctx, s.q, `SELECT pg_advisory_unlock_shared(hashtextextended(`+ph(1)+`, 0))`,
+			[]any{migrations.LockKeyText(v.c.opts.Schema)}, &unlocked); uerr != nil || !unlocked {
+			// (Ending the session frees the lock.)
+			s.broken = true
+		}
+	}
+	if err != nil {
+		return err
+	}
+	v.c.log.Debug("vacuumed a work table", "table", qualified, "took", time.Since(start))
+	return nil
+}
+
+// mayVacuum returns nil if the role may vacuum the work tables, checking
+// once (a failed check is tried again at the next vacuum due).
+func (v *vacuumer) mayVacuum(s *vacuumSession, qualified string) error {
 	v.mu.Lock()
 	allowed := v.allowed
 	v.mu.Unlock()
 	switch {
 	case allowed > 0:
-		return true, nil
+		return nil
 	case allowed < 0:
-		return false, errMayNotVacuum
+		return errMayNotVacuum
+	}
+	ph := v.c.d.ph
+	if s.own != nil {
+		ph = dollar
 	}
 	var ok bool
-	found, err := queryRow(v.ctx, v.c.db,
+	found, err := queryRow(v.ctx, s.q,
 		`SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE')
+		        OR CASE WHEN current_setting('server_version_num')::int >= 170000
+		                THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END
 		   FROM pg_class c, pg_database d
-		  WHERE c.oid = `+v.c.d.ph(1)+`::text::regclass AND d.datname = current_database()`,
+		  WHERE c.oid = `+ph(1)+`::text::regclass AND d.datname = current_database()`,
 		[]any{qualified}, &ok)
 	if err != nil {
-		if v.ctx.Err() == nil {
-			v.c.log.Warn("could not check whether the role may vacuum the work tables", "error", err)
-		}
-		return false, err
+		s.broken = true
+		return err
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if found && ok {
 		v.allowed = 1
-		return true, nil
+		return nil
 	}
 	v.allowed = -1
-	v.c.log.Info("work tables left to autovacuum: the role owns neither them nor the database and is no superuser",
+	v.c.log.Info("work tables left to autovacuum: the role may not vacuum them (it owns neither them nor the database and is no superuser)",
 		"table", qualified)
-	return false, errMayNotVacuum
+	return errMayNotVacuum
 }
 
-// close cancels the vacuums under way and waits for them.
+// close cancels the vacuum under way and waits for its worker.
 func (v *vacuumer) close() {
 	if v == nil {
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,44 +12,114 @@ import (
 	"github.com/workpump/workpump/driver"
 )
 
-// vacDB is a DB whose VACUUMs wait until released (or their context ends)
-// and whose one query, the vacuum permission check, answers may.
+// vacDB is a DB whose VACUUMs wait until released (or their context ends).
+// Its queries answer the vacuum's questions: the permission check (may),
+// the migration lock (free), its release, and the session's set-up. It
+// counts the connections taken from it and the sessions dialed.
 type vacDB struct {
-	may     bool
-	release chan struct{}
-	started chan string
+	may, free bool
+	release   chan struct{} // a VACUUM waiting returns nil
+	fail      chan struct{} // ... or an error
+	started   chan string
 
-	mu      sync.Mutex
-	checks  int
-	vacuums []string
+	mu       sync.Mutex
+	checks   int
+	vacuums  []string
+	stmts    []string // every statement, in order, prefixed by where it ran
+	conns    int      // taken and not yet given back
+	maxConns int      // most taken at once
+	sessions int      // dialed and not yet closed
 }
 
 func newVacDB(may bool) *vacDB {
-	return &vacDB{may: may, release: make(chan struct{}), started: make(chan string, 16)}
+	return &vacDB{may: may, free: true, release: make(chan struct{}), fail: make(chan struct{}), started: make(chan string, 16)}
 }
 
-func (f *vacDB) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
+func (f *vacDB) query(where, sql string) (Rows, error) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stmts = append(f.stmts, where+": "+sql)
+	switch {
+	case strings.Contains(sql, "set_config('application_name'"):
+		return &oneRow{v: vacuumAppName}, nil
+	case strings.Contains(sql, "pg_try_advisory_lock_shared"):
+		return &oneRow{v: f.free}, nil
+	case strings.Contains(sql, "pg_advisory_unlock_shared"):
+		return &oneRow{v: true}, nil
+	}
 	f.checks++
-	f.mu.Unlock()
-	return &boolRows{v: f.may}, nil
+	return &oneRow{v: f.may}, nil
 }
 
-func (f *vacDB) Exec(ctx context.Context, sql string, args ...any) error {
+func (f *vacDB) exec(ctx context.Context, where, sql string) error {
 	f.mu.Lock()
 	f.vacuums = append(f.vacuums, sql)
+	f.stmts = append(f.stmts, where+": "+sql)
 	f.mu.Unlock()
 	f.started <- sql
 	select {
 	case <-f.release:
 		return nil
+	case <-f.fail:
+		return errors.New("vacDB: vacuum failed")
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-func (f *vacDB) Begin(context.Context) (Tx, error)  { return nil, errors.New("vacDB: no transactions") }
-func (f *vacDB) Conn(context.Context) (Conn, error) { return nil, errors.New("vacDB: no connections") }
+func (f *vacDB) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
+	return f.query("pool", sql)
+}
+func (f *vacDB) Exec(ctx context.Context, sql string, args ...any) error {
+	return f.exec(ctx, "pool", sql)
+}
+func (f *vacDB) Begin(context.Context) (Tx, error) { return nil, errors.New("vacDB: no transactions") }
+func (f *vacDB) Conn(context.Context) (Conn, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.conns++
+	f.maxConns = max(f.maxConns, f.conns)
+	return &vacConn{f: f}, nil
+}
+
+type vacConn struct{ f *vacDB }
+
+func (c *vacConn) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
+	return c.f.query("conn", sql)
+}
+func (c *vacConn) Exec(ctx context.Context, sql string, args ...any) error {
+	return c.f.exec(ctx, "conn", sql)
+}
+func (c *vacConn) Release() { c.f.mu.Lock(); c.f.conns--; c.f.mu.Unlock() }
+func (c *vacConn) Discard() { c.Release() }
+
+// dial opens a session of the fake.
+func (f *vacDB) dial(context.Context) (Session, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sessions++
+	return &vacSession{f: f}, nil
+}
+
+type vacSession struct{ f *vacDB }
+
+func (s *vacSession) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
+	return s.f.query("session", sql)
+}
+func (s *vacSession) Exec(ctx context.Context, sql string, args ...any) error {
+	return s.f.exec(ctx, "session", sql)
+}
+func (s *vacSession) WaitForNotification(ctx context.Context) (string, error) {
+	<-ctx.Done()
+	return "", ctx.Err()
+}
+func (s *vacSession) PID() uint32 { return 1 }
+func (s *vacSession) Close(context.Context) error {
+	s.f.mu.Lock()
+	s.f.sessions--
+	s.f.mu.Unlock()
+	return nil
+}
 
 func (f *vacDB) counts() (checks int, vacuums []string) {
 	f.mu.Lock()
@@ -56,21 +127,30 @@ func (f *vacDB) counts() (checks int, vacuums []string) {
 	return f.checks, slices.Clone(f.vacuums)
 }
 
-type boolRows struct {
-	v    bool
+// oneRow is a result of one row of one column.
+type oneRow struct {
+	v    any
 	read bool
 }
 
-func (r *boolRows) Next() bool {
+func (r *oneRow) Next() bool {
 	if r.read {
 		return false
 	}
 	r.read = true
 	return true
 }
-func (r *boolRows) Scan(dest ...any) error { *dest[0].(*bool) = r.v; return nil }
-func (r *boolRows) Err() error             { return nil }
-func (r *boolRows) Close() error           { return nil }
+func (r *oneRow) Scan(dest ...any) error {
+	switch d := dest[0].(type) {
+	case *bool:
+		*d = r.v.(bool)
+	case *string:
+		*d = r.v.(string)
+	}
+	return nil
+}
+func (r *oneRow) Err() error   { return nil }
+func (r *oneRow) Close() error { return nil }
 
 func rowsOf(cat driver.Category, n int) []driver.Work {
 	w := make([]driver.Work, n)
@@ -80,11 +160,15 @@ func rowsOf(cat driver.Category, n int) []driver.Work {
 	return w
 }
 
-// vacCore returns a core over db whose finished vacuums are reported on
-// the returned channel.
-func vacCore(t *testing.T, db *vacDB, after int) (*Core, chan error) {
+// vacCore returns a core over db (with db's sessions when dial is set)
+// whose finished vacuums are reported on the returned channel.
+func vacCore(t *testing.T, db *vacDB, after int, dial bool) (*Core, chan error) {
 	t.Helper()
-	c, err := New(Client{DB: db}, Options{Schema: "s", VacuumAfter: after})
+	cl := Client{DB: db}
+	if dial {
+		cl.Listen = db.dial
+	}
+	c, err := New(cl, Options{Schema: "s", VacuumAfter: after})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,38 +199,42 @@ func expectNoneStarted(t *testing.T, db *vacDB) {
 	}
 }
 
+func finish(t *testing.T, db *vacDB, done chan error) {
+	t.Helper()
+	db.release <- struct{}{}
+	if err := <-done; err != nil {
+		t.Fatalf("vacuum: %v", err)
+	}
+}
+
 // TestVacuumAfterClaimedRows: a table is vacuumed once the coordinator has
-// claimed VacuumAfter rows from it, one vacuum per table at a time; rows
-// claimed while it runs count toward the next; each table counts its own
-// rows; the role is checked once.
+// claimed VacuumAfter rows from it; one vacuum runs at a time, on one pool
+// connection, and a table that falls due meanwhile waits its turn; rows
+// claimed while a table's vacuum runs count toward its next; the role is
+// checked once.
 func TestVacuumAfterClaimedRows(t *testing.T) {
+	const vacOutbox, vacInbox = `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_inbox`
 	db := newVacDB(true)
-	c, done := vacCore(t, db, 100)
+	c, done := vacCore(t, db, 100, false)
 
 	c.vac.claimedRows(rowsOf(driver.Outbox, 99))
 	expectNoneStarted(t, db)
 	c.vac.claimedRows(rowsOf(driver.Outbox, 1))
-	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+	expectStarted(t, db, vacOutbox)
 
-	// Running: more outbox rows start no second outbox vacuum, but the
-	// inbox's own count starts one of its own.
+	// Running: more outbox rows queue no second outbox vacuum; the inbox
+	// falls due and waits for the outbox's to end.
 	c.vac.claimedRows(rowsOf(driver.Outbox, 250))
 	c.vac.claimedRows(append(rowsOf(driver.Outbox, 10), rowsOf(driver.Inbox, 100)...))
-	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_inbox`)
 	expectNoneStarted(t, db)
+	finish(t, db, done)
+	expectStarted(t, db, vacInbox)
+	finish(t, db, done)
 
-	db.release <- struct{}{}
-	db.release <- struct{}{}
-	for range 2 {
-		if err := <-done; err != nil {
-			t.Fatalf("vacuum: %v", err)
-		}
-	}
 	// The 260 outbox rows claimed while it ran are due at the next claim.
 	c.vac.claimedRows(rowsOf(driver.Outbox, 1))
-	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
-	db.release <- struct{}{}
-	<-done
+	expectStarted(t, db, vacOutbox)
+	finish(t, db, done)
 	// ... and then the count starts again from the rows since.
 	c.vac.claimedRows(rowsOf(driver.Outbox, 99))
 	expectNoneStarted(t, db)
@@ -155,15 +243,82 @@ func TestVacuumAfterClaimedRows(t *testing.T) {
 	if checks != 1 || len(vacuums) != 3 {
 		t.Fatalf("permission checks %d, vacuums %q; want 1 check and 3 vacuums", checks, vacuums)
 	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.maxConns != 1 || db.sessions != 0 {
+		t.Fatalf("at most %d pool connections at once, %d sessions; want 1 and none (the core opens no sessions)", db.maxConns, db.sessions)
+	}
+	for _, s := range db.stmts {
+		if !strings.HasPrefix(s, "conn: ") || strings.Contains(s, "advisory") {
+			t.Fatalf("statement %q: want each on the taken connection, and no session lock on a pool's connection", s)
+		}
+	}
+}
+
+// TestVacuumOnItsOwnSession: a core that opens sessions vacuums on one of
+// its own, named for it, under the schema's migration lock in shared
+// mode, taken and given back around each vacuum; no pool connection is
+// taken. While a migration holds that lock the vacuum is skipped, without
+// counting as a failure.
+func TestVacuumOnItsOwnSession(t *testing.T) {
+	db := newVacDB(true)
+	c, done := vacCore(t, db, 10, true)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+	finish(t, db, done)
+
+	db.mu.Lock()
+	db.free = false
+	db.mu.Unlock()
+	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+	if err := <-done; !errors.Is(err, errMigrating) {
+		t.Fatalf("vacuum while a migration holds the lock: %v, want errMigrating", err)
+	}
+	expectNoneStarted(t, db)
+	c.vac.mu.Lock()
+	failures := c.vac.failures["wp_outbox"]
+	c.vac.mu.Unlock()
+	if failures != 0 {
+		t.Fatalf("a skipped vacuum counted as %d failures", failures)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	want := []string{
+		"session: SELECT set_config('application_name', $1, false)",
+		"session: permission check",
+		"session: SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))",
+		`session: VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`,
+		"session: SELECT pg_advisory_unlock_shared(hashtextextended($1, 0))",
+		"session: SELECT set_config('application_name', $1, false)",
+		"session: SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))",
+	}
+	var got []string
+	for _, s := range db.stmts {
+		if strings.Contains(s, "pg_has_role") {
+			s = s[:strings.Index(s, ":")] + ": permission check"
+		}
+		got = append(got, s)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("statements:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if db.maxConns != 0 || db.sessions != 0 {
+		t.Fatalf("%d pool connections taken, %d sessions left open; want none", db.maxConns, db.sessions)
+	}
 }
 
 // TestVacuumCloseCancels: Close cancels a vacuum under way, waits for it,
 // and no vacuum starts after it.
 func TestVacuumCloseCancels(t *testing.T) {
 	db := newVacDB(true)
-	c, done := vacCore(t, db, 10)
+	c, done := vacCore(t, db, 10, false)
 	c.vac.claimedRows(rowsOf(driver.Receptor, 10))
 	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_receptor_processing`)
+	c.vac.claimedRows(rowsOf(driver.Inbox, 10)) // due, waiting
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -177,20 +332,28 @@ func TestVacuumCloseCancels(t *testing.T) {
 	}
 	c.vac.claimedRows(rowsOf(driver.Receptor, 100))
 	expectNoneStarted(t, db)
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.conns != 0 {
+		t.Fatalf("%d pool connections still taken after Close", db.conns)
+	}
 }
 
 // TestVacuumNotAllowed: a role that may not vacuum the tables is checked
-// once, and no vacuum is sent then or later.
+// once, and no vacuum is sent then or later, for any table.
 func TestVacuumNotAllowed(t *testing.T) {
 	db := newVacDB(false)
-	c, done := vacCore(t, db, 10)
-	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+	c, done := vacCore(t, db, 10, false)
+	var rows []driver.Work
+	for _, cat := range driver.Categories {
+		rows = append(rows, rowsOf(cat, 10)...)
+	}
+	c.vac.claimedRows(rows)
 	if err := <-done; !errors.Is(err, errMayNotVacuum) {
 		t.Fatalf("vacuum: %v, want errMayNotVacuum", err)
 	}
 	for range 5 {
-		c.vac.claimedRows(rowsOf(driver.Outbox, 100))
-		c.vac.claimedRows(rowsOf(driver.Inbox, 100))
+		c.vac.claimedRows(rows)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -200,49 +363,53 @@ func TestVacuumNotAllowed(t *testing.T) {
 	}
 }
 
-// TestVacuumCheckedOnceForManyTables: vacuums of several tables due at
-// once share one permission check, and a role that may not vacuum is
-// refused for every table.
-func TestVacuumCheckedOnceForManyTables(t *testing.T) {
-	for _, may := range []bool{true, false} {
-		db := newVacDB(may)
-		c, done := vacCore(t, db, 10)
-		var rows []driver.Work
-		for _, cat := range driver.Categories {
-			rows = append(rows, rowsOf(cat, 10)...)
-		}
-		c.vac.claimedRows(rows)
-		if may {
-			for range driver.Categories {
-				<-db.started
-			}
-			for range driver.Categories {
-				db.release <- struct{}{}
-			}
-		}
-		for range driver.Categories {
-			if err := <-done; (err == nil) != may {
-				t.Fatalf("may=%v: vacuum: %v", may, err)
-			}
-		}
-		if checks, vacuums := db.counts(); checks != 1 || len(vacuums) != map[bool]int{true: len(driver.Categories)}[may] {
-			t.Fatalf("may=%v: permission checks %d, vacuums %q; want 1 check and a vacuum per table only if allowed", may, checks, vacuums)
+// TestVacuumFailuresSpaceOut: after n failed vacuums of a table in a row
+// its next one waits for VacuumAfter << n claimed rows (at most << 6); a
+// vacuum that succeeds resets it.
+func TestVacuumFailuresSpaceOut(t *testing.T) {
+	db := newVacDB(true)
+	c, done := vacCore(t, db, 10, false)
+	fail := func() {
+		t.Helper()
+		<-db.started
+		db.fail <- struct{}{}
+		if err := <-done; err == nil {
+			t.Fatal("vacuum succeeded, want a failure")
 		}
 	}
+	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+	fail()
+	for n := 1; n <= 7; n++ {
+		need := 10 << min(n, maxVacuumBackoff)
+		c.vac.claimedRows(rowsOf(driver.Outbox, need-1))
+		expectNoneStarted(t, db)
+		c.vac.claimedRows(rowsOf(driver.Outbox, 1))
+		fail()
+	}
+	c.vac.claimedRows(rowsOf(driver.Outbox, 10<<maxVacuumBackoff))
+	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+	db.release <- struct{}{}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+	db.release <- struct{}{}
+	<-done
 }
 
 // TestVacuumOff: a negative VacuumAfter never vacuums; 0 is the default.
 func TestVacuumOff(t *testing.T) {
 	db := newVacDB(true)
-	c, _ := vacCore(t, db, -1)
+	c, _ := vacCore(t, db, -1, true)
 	for range 10 {
 		c.vac.claimedRows(rowsOf(driver.Outbox, DefaultVacuumAfter))
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if checks, vacuums := db.counts(); checks != 0 || len(vacuums) != 0 {
-		t.Fatalf("permission checks %d, vacuums %q; want none", checks, vacuums)
+	if checks, vacuums := db.counts(); checks != 0 || len(vacuums) != 0 || db.maxConns != 0 || db.sessions != 0 {
+		t.Fatalf("permission checks %d, vacuums %q, connections %d, sessions %d; want none", checks, vacuums, db.maxConns, db.sessions)
 	}
 	o, err := Options{}.WithDefaults()
 	if err != nil {

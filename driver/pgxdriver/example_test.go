@@ -46,6 +46,7 @@ func Example_pgxApplication() {
 	if err != nil {
 		panic(err)
 	}
+	defer coord.Close() // before the pool's Close: it ends the coordinator's own sessions
 
 	// The business row and its outbox message commit together.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

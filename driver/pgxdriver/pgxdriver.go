@@ -29,7 +29,8 @@ type Coordinator struct {
 
 // New returns a Coordinator over pool. It does not touch the database; call
 // CheckSchema (the pump does) to verify the schema is installed. Close
-// ends its listeners; the pool stays the caller's.
+// ends its listeners and its background vacuum (call it before closing the
+// pool); the pool stays the caller's.
 func New(pool *pgxpool.Pool, opts Options) (*Coordinator, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pool: nil", driver.ErrInvalidArgument)

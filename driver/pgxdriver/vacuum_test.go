@@ -1,28 +1,57 @@
 package pgxdriver
 
 import (
+	"bytes"
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/workpump/workpump/internal/pgtest"
+	"github.com/workpump/workpump/migrations"
 )
+
+var workTables = []string{"wp_outbox", "wp_inbox", "wp_perspective_events", "wp_receptor_processing"}
+
+// vacuumCounts returns each work table's manual vacuum count (a test
+// schema may be reused: tests compare against what it showed before).
+func vacuumCounts(t *testing.T, schema string) map[string]int {
+	t.Helper()
+	m := map[string]int{}
+	for _, table := range workTables {
+		m[table] = pgtest.VacuumCount(t, schema, table)
+	}
+	return m
+}
+
+// waitVacuumed returns once schema.table was vacuumed n more times than
+// before says.
+func waitVacuumed(t *testing.T, schema, table string, before map[string]int, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for pgtest.VacuumCount(t, schema, table)-before[table] != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s vacuumed %d more times within 30 s, want %d", table, pgtest.VacuumCount(t, schema, table)-before[table], n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
 
 // TestClaimsVacuumTheirTable: once a coordinator has claimed VacuumAfter
 // rows from a work table it vacuums that table, which the server counts
-// as a manual vacuum of that table (of no other), over both protocols.
-// (That a negative VacuumAfter sends nothing, that one vacuum per table
-// runs at a time, and Close, are pgcore's tests.)
+// as a manual vacuum of that table (of no other): with the extended
+// protocol on a session of its own, with the simple protocol (no sessions)
+// on the pool. (That a negative VacuumAfter sends nothing, one vacuum at
+// a time, backoff and Close are pgcore's tests.)
 func TestClaimsVacuumTheirTable(t *testing.T) {
 	for _, simple := range []bool{false, true} {
 		c := reopen(t, newTestCoordinator(t, simple, nil, 0), func(o *Options) { o.VacuumAfter = 50 })
-		// (A test schema may be reused: count from what it shows now.)
-		tables := []string{"wp_outbox", "wp_inbox", "wp_perspective_events", "wp_receptor_processing"}
-		before := map[string]int{}
-		for _, table := range tables {
-			before[table] = pgtest.VacuumCount(t, c.Schema(), table)
-		}
+		before := vacuumCounts(t, c.Schema())
 		inst := uuid.Must(uuid.NewV7())
 		register(t, c, inst)
 		enqueueStreams(t, c, 120)
@@ -37,17 +66,11 @@ func TestClaimsVacuumTheirTable(t *testing.T) {
 		if res, err = c.ClaimWork(context.Background(), outboxClaim(inst, 1)); err != nil || len(res.Work) != 1 {
 			t.Fatalf("claim: %d rows, %v; want 1", len(res.Work), err)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for pgtest.VacuumCount(t, c.Schema(), "wp_outbox")-before["wp_outbox"] != 1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("simple=%v: wp_outbox not vacuumed within 30 s of the 50th row claimed", simple)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitVacuumed(t, c.Schema(), "wp_outbox", before, 1)
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
-		for _, table := range tables {
+		for _, table := range workTables {
 			want := map[bool]int{true: 1, false: 0}[table == "wp_outbox"]
 			if got := pgtest.VacuumCount(t, c.Schema(), table) - before[table]; got != want {
 				t.Errorf("simple=%v: %s vacuumed %d times, want %d", simple, table, got, want)
@@ -55,3 +78,97 @@ func TestClaimsVacuumTheirTable(t *testing.T) {
 		}
 	}
 }
+
+// TestVacuumLeavesThePoolAlone: with a pool of one connection, which the
+// test holds from the claim that makes a vacuum due until the vacuum has
+// run, the vacuum still runs: on a session of its own.
+func TestVacuumLeavesThePoolAlone(t *testing.T) {
+	ctx := context.Background()
+	cfg := pgtest.Config(t, pgx.QueryExecModeCacheStatement)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	base := newTestCoordinator(t, false, nil, 0)
+	c, err := New(pool, Options{Schema: base.Schema(), VacuumAfter: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	before := vacuumCounts(t, c.Schema())
+	inst := uuid.Must(uuid.NewV7())
+	register(t, c, inst)
+	enqueueStreams(t, c, 30)
+	if res, err := c.ClaimWork(ctx, outboxClaim(inst, 20)); err != nil || len(res.Work) != 20 {
+		t.Fatalf("claim: %d rows, %v; want 20", len(res.Work), err)
+	}
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	waitVacuumed(t, c.Schema(), "wp_outbox", before, 1)
+}
+
+// TestVacuumSkippedWhileMigrating: while a migration holds the schema's
+// migration lock, a vacuum that falls due is skipped (it would hold a
+// table lock the migration's DDL waits for, with every claim queued behind
+// that); once the lock is free the next one runs.
+func TestVacuumSkippedWhileMigrating(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var logs bytes.Buffer
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	})})
+	c := reopen(t, newTestCoordinator(t, false, nil, 0), func(o *Options) { o.VacuumAfter = 20; o.Logger = logger })
+	defer c.Close()
+	before := vacuumCounts(t, c.Schema())
+	inst := uuid.Must(uuid.NewV7())
+	register(t, c, inst)
+	enqueueStreams(t, c, 60)
+
+	migrator, err := c.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migrator.Release()
+	key := migrations.LockKeyText(c.Schema())
+	if _, err := migrator.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1, 0))`, key); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.ClaimWork(ctx, outboxClaim(inst, 20)); err != nil || len(res.Work) != 20 {
+		t.Fatalf("claim: %d rows, %v; want 20", len(res.Work), err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		skipped := strings.Contains(logs.String(), "vacuum skipped: a migration")
+		mu.Unlock()
+		if skipped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no skipped vacuum logged within 30 s; log:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := pgtest.VacuumCount(t, c.Schema(), "wp_outbox") - before["wp_outbox"]; got != 0 {
+		t.Fatalf("wp_outbox vacuumed %d times while the migration lock was held, want 0", got)
+	}
+	if _, err := migrator.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, key); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.ClaimWork(ctx, outboxClaim(inst, 20)); err != nil || len(res.Work) != 20 {
+		t.Fatalf("claim: %d rows, %v; want 20", len(res.Work), err)
+	}
+	waitVacuumed(t, c.Schema(), "wp_outbox", before, 1)
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

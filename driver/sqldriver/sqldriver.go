@@ -41,8 +41,8 @@ type Coordinator struct {
 
 // New returns a Coordinator over db, a pool opened with a Postgres driver.
 // It does not touch the database; call CheckSchema (the pump does) to
-// verify the schema is installed. Close ends its listeners; db stays the
-// caller's.
+// verify the schema is installed. Close ends its listeners and its
+// background vacuum (call it before closing db); db stays the caller's.
 func New(db *sql.DB, opts Options) (*Coordinator, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: db: nil", driver.ErrInvalidArgument)
