@@ -41,6 +41,9 @@ func (v versionMigration) lockAndRead(ctx context.Context, tx *sql.Tx, create bo
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, LockKeyText(v.schema)); err != nil {
 		return nil, 0, fmt.Errorf("take the migration lock of %s: %w", v.schema, err)
 	}
+	if err := waitForVacuums(ctx, tx, v.schema); err != nil {
+		return nil, 0, err
+	}
 	if create {
 		if _, err := tx.ExecContext(ctx, fmt.Sprintf(
 			`CREATE SCHEMA IF NOT EXISTS %[1]s;

@@ -295,6 +295,9 @@ func withLock(ctx context.Context, db *sql.DB, schema string, f func(*sql.Conn) 
 			}
 		}
 	}()
+	if err := waitForVacuums(ctx, conn, schema); err != nil {
+		return fmt.Errorf("workpump migrations: %w", err)
+	}
 	return f(conn)
 }
 

@@ -81,13 +81,15 @@ type Options struct {
 	// vacuums each claim of a long drain costs more than the last. One
 	// vacuum runs at a time per coordinator, on a session of its own where
 	// the core opens sessions (as for the listener; application_name
-	// workpump-vacuum), else on one connection of the pool. It is skipped
-	// while a migration of the schema holds its lock, and a failed one
-	// makes the table wait for twice as many rows before the next (up to 64
-	// times). The role must own the table or the database, or be a
-	// superuser (from Postgres 17, or hold MAINTAIN on the table); a role
-	// that may not vacuum leaves the tables to autovacuum (logged once).
-	// 0 means DefaultVacuumAfter; a negative value turns the vacuums off.
+	// workpump-vacuum), else on one connection of the pool, which it holds
+	// while it runs (size such a pool for one more connection). A vacuum
+	// is skipped while a migration of the schema holds or waits for its
+	// migration lock, and a failed one makes the table wait for twice as
+	// many rows before the next (up to 64 times). The role must own the
+	// table or the database, or be a superuser (from Postgres 17, or hold
+	// MAINTAIN on the table); a role that may not vacuum leaves the tables
+	// to autovacuum (logged once). 0 means DefaultVacuumAfter; a negative
+	// value turns the vacuums off.
 	VacuumAfter int
 	// EnqueueCopyThreshold is the batch size from which Enqueue writes new
 	// items with COPY instead of wp_enqueue's INSERT, where the client has

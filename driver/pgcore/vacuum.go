@@ -35,24 +35,29 @@ const vacuumAppName = "workpump-vacuum"
 // backlog that drains within minutes. A vacuum removes those entries (and
 // frees the heap space for new rows).
 //
-// One vacuum runs at a time per coordinator, tables that fall due
-// meanwhile wait their turn, and each table waits for VacuumAfter more
-// rows after its vacuum began. The vacuums run on a session of their own
-// when the core opens sessions (the listener's dialer), so they never take
-// a connection the claims and acknowledgements need; otherwise on one
-// connection of the pool. A vacuum skips a table another session is
+// One vacuum runs at a time per coordinator, and tables that fall due
+// meanwhile wait their turn. A table's count starts again when it falls
+// due, so rows claimed while it waits or is vacuumed count toward its
+// next vacuum (a vacuum that is then skipped waits for a full count too).
+// The vacuums run on a session of their own when the core opens sessions
+// (the listener's dialer), so they never take a connection the claims and
+// acknowledgements need; otherwise on one connection of the pool, which
+// they hold while they run. A vacuum skips a table another session is
 // vacuuming (SKIP_LOCKED) and never truncates the table (truncation takes
-// a lock that claims would queue behind). On its own session it first
-// takes the schema's migration lock in shared mode, and skips the vacuum
-// while a migration holds or waits for it: a migration waiting for the
-// vacuum's table lock would make every claim queue behind it, while one
-// waiting for the advisory lock holds no table lock. (On the pool, which
-// may be a transaction pooler's, a session lock could outlive the
-// statement on another client's server connection, so there the vacuum
-// goes without it.) Only a role that owns the table, owns the database or
-// is a superuser (or, from Postgres 17, holds the MAINTAIN privilege on
-// it) may vacuum it: the first time a vacuum is due the role is checked
-// once, and a role that may not vacuum leaves the tables to autovacuum.
+// a lock that claims would queue behind). It is skipped while a migration
+// holds or waits for the schema's migration lock: a migration's DDL that
+// waited for the vacuum's table lock would make every claim queue behind
+// it. On its own session the vacuum holds that lock in shared mode until
+// it ends, so a migration that starts meanwhile waits for the advisory
+// lock, holding no table lock. On the pool, which may be a transaction
+// pooler's, a session lock could stay behind on a server connection
+// another client gets next, so there the lock is taken for one statement
+// just before the vacuum; a migration that takes it after that statement
+// waits for the vacuums it can see before its DDL (see migrations). Only
+// a role that owns the table, owns the database or is a superuser (or,
+// from Postgres 17, holds the MAINTAIN privilege on it) may vacuum it: the
+// first time a vacuum is due the role is checked once, and a role that
+// may not vacuum leaves the tables to autovacuum.
 type vacuumer struct {
 	c     *Core
 	after int // rows per table between vacuums; <= 0 never
@@ -69,6 +74,9 @@ type vacuumer struct {
 	working  bool            // the worker runs
 	allowed  int             // 0 not checked yet, 1 may vacuum, -1 may not
 	closed   bool
+	// noSessions: the dialer said the client opens no sessions (the
+	// worker's alone: it is read and written only there).
+	noSessions bool
 	// ran is called after each vacuum with the table and the vacuum's
 	// error (tests only).
 	ran func(table string, err error)
@@ -147,20 +155,20 @@ func (v *vacuumer) work() {
 				s = nil
 			}
 		}
+		failed := err != nil && !errors.Is(err, errMayNotVacuum) && !errors.Is(err, errMigrating) && v.ctx.Err() == nil
 		v.mu.Lock()
 		delete(v.pending, table)
 		switch {
 		case err == nil:
 			delete(v.failures, table)
-		case errors.Is(err, errMayNotVacuum), errors.Is(err, errMigrating), v.ctx.Err() != nil:
-		default:
+		case failed:
 			v.failures[table]++
 		}
 		failures := v.failures[table]
 		ran := v.ran
 		v.mu.Unlock()
 		switch {
-		case err != nil && failures > 0:
+		case failed:
 			v.c.log.Warn("vacuum of a work table failed; its next one waits for more claimed rows",
 				"table", table, "failures_in_a_row", failures, "error", err)
 		case errors.Is(err, errMigrating):
@@ -200,7 +208,7 @@ func (v *vacuumer) open() (*vacuumSession, error) {
 	v.c.mu.Lock()
 	dial := v.c.dial
 	v.c.mu.Unlock()
-	if dial != nil {
+	if dial != nil && !v.noSessions {
 		own, err := dial(v.ctx)
 		if err == nil {
 			if _, err = queryRow(v.ctx, own, `SELECT set_config('application_name', $1, false)`, []any{vacuumAppName}, new(string)); err == nil {
@@ -208,10 +216,12 @@ func (v *vacuumer) open() (*vacuumSession, error) {
 			}
 			_ = own.Close(context.Background())
 		}
-		if v.ctx.Err() != nil {
-			return nil, v.ctx.Err()
+		if !errors.Is(err, ErrNoSessions) {
+			// (A server that cannot be reached now: this round waits.)
+			return nil, err
 		}
-		v.c.log.Debug("vacuum on a pool connection: no session of its own", "error", err)
+		v.noSessions = true
+		v.c.log.Info("vacuums run on a pool connection: the client opens no sessions of their own")
 	}
 	conn, err := v.c.db.Conn(v.ctx)
 	if err != nil {
@@ -234,17 +244,22 @@ func (v *vacuumer) vacuum(s *vacuumSession, table string) error {
 		return err
 	}
 	ph := v.c.d.ph
+	// On its own session the vacuum holds the migration lock in shared mode
+	// until it ends; on the pool the lock is taken for one statement only
+	// (a transaction lock), which tells whether a migration holds or waits
+	// for it right now.
+	try := `SELECT pg_try_advisory_xact_lock_shared(hashtextextended(` + ph(1) + `, 0))`
 	if s.own != nil {
 		ph = dollar
-		var locked bool
-		if _, err := queryRow(v.ctx, s.q, `SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))`,
-			[]any{migrations.LockKeyText(v.c.opts.Schema)}, &locked); err != nil {
-			s.broken = true
-			return err
-		}
-		if !locked {
-			return errMigrating
-		}
+		try = `SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))`
+	}
+	var locked bool
+	if _, err := queryRow(v.ctx, s.q, try, []any{migrations.LockKeyText(v.c.opts.Schema)}, &locked); err != nil {
+		s.broken = true
+		return err
+	}
+	if !locked {
+		return errMigrating
 	}
 	start := time.Now()
 	err := s.q.Exec(v.ctx, `VACUUM (SKIP_LOCKED, TRUNCATE false) `+qualified)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/workpump/workpump/driver"
 )
 
@@ -29,6 +30,9 @@ type vacDB struct {
 	conns    int      // taken and not yet given back
 	maxConns int      // most taken at once
 	sessions int      // dialed and not yet closed
+	dials    int
+	// noSessions makes dial fail with ErrNoSessions.
+	noSessions bool
 }
 
 func newVacDB(may bool) *vacDB {
@@ -42,7 +46,7 @@ func (f *vacDB) query(where, sql string) (Rows, error) {
 	switch {
 	case strings.Contains(sql, "set_config('application_name'"):
 		return &oneRow{v: vacuumAppName}, nil
-	case strings.Contains(sql, "pg_try_advisory_lock_shared"):
+	case strings.Contains(sql, "pg_try_advisory_lock_shared"), strings.Contains(sql, "pg_try_advisory_xact_lock_shared"):
 		return &oneRow{v: f.free}, nil
 	case strings.Contains(sql, "pg_advisory_unlock_shared"):
 		return &oneRow{v: true}, nil
@@ -93,10 +97,15 @@ func (c *vacConn) Exec(ctx context.Context, sql string, args ...any) error {
 func (c *vacConn) Release() { c.f.mu.Lock(); c.f.conns--; c.f.mu.Unlock() }
 func (c *vacConn) Discard() { c.Release() }
 
-// dial opens a session of the fake.
+// dial opens a session of the fake (or, with noSessions, says the client
+// opens none).
 func (f *vacDB) dial(context.Context) (Session, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.dials++
+	if f.noSessions {
+		return nil, ErrNoSessions
+	}
 	f.sessions++
 	return &vacSession{f: f}, nil
 }
@@ -249,7 +258,7 @@ func TestVacuumAfterClaimedRows(t *testing.T) {
 		t.Fatalf("at most %d pool connections at once, %d sessions; want 1 and none (the core opens no sessions)", db.maxConns, db.sessions)
 	}
 	for _, s := range db.stmts {
-		if !strings.HasPrefix(s, "conn: ") || strings.Contains(s, "advisory") {
+		if !strings.HasPrefix(s, "conn: ") || strings.Contains(s, "advisory") && !strings.Contains(s, "pg_try_advisory_xact_lock_shared") {
 			t.Fatalf("statement %q: want each on the taken connection, and no session lock on a pool's connection", s)
 		}
 	}
@@ -310,6 +319,96 @@ func TestVacuumOnItsOwnSession(t *testing.T) {
 		t.Fatalf("%d pool connections taken, %d sessions left open; want none", db.maxConns, db.sessions)
 	}
 }
+
+// TestVacuumPoolWhenNoSessions: a dialer that says the client opens no
+// sessions is asked once; the vacuums then run on a pool connection, each
+// after a one-statement check of the migration lock, and are skipped
+// while a migration holds it.
+func TestVacuumPoolWhenNoSessions(t *testing.T) {
+	db := newVacDB(true)
+	db.noSessions = true
+	c, done := vacCore(t, db, 10, true)
+	for range 2 {
+		c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+		expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+		finish(t, db, done)
+	}
+	db.mu.Lock()
+	db.free = false
+	db.mu.Unlock()
+	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+	if err := <-done; !errors.Is(err, errMigrating) {
+		t.Fatalf("vacuum while a migration holds the lock: %v, want errMigrating", err)
+	}
+	expectNoneStarted(t, db)
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.dials != 1 || db.sessions != 0 || db.maxConns != 1 {
+		t.Fatalf("%d dials, %d sessions, at most %d pool connections; want 1 dial, no session, 1 connection", db.dials, db.sessions, db.maxConns)
+	}
+	var locks int
+	for _, s := range db.stmts {
+		if strings.Contains(s, "advisory") {
+			if s != "conn: SELECT pg_try_advisory_xact_lock_shared(hashtextextended($1, 0))" {
+				t.Fatalf("lock statement %q on the pool, want the one-statement transaction lock", s)
+			}
+			locks++
+		}
+	}
+	if locks != 3 {
+		t.Fatalf("%d lock checks, want one per vacuum (3)", locks)
+	}
+}
+
+// TestVacuumSkipIsNoFailure: after a failed vacuum, one skipped for a
+// migration or cancelled by Close neither counts as another failure nor
+// is warned about as one.
+func TestVacuumSkipIsNoFailure(t *testing.T) {
+	var logs strings.Builder
+	var logMu sync.Mutex
+	db := newVacDB(true)
+	c, err := New(Client{DB: db}, Options{Schema: "s", VacuumAfter: 10, Logger: hclog.New(&hclog.LoggerOptions{
+		Level: hclog.Warn, Output: writerFunc(func(p []byte) (int, error) { logMu.Lock(); defer logMu.Unlock(); return logs.Write(p) })})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 16)
+	c.vac.ran = func(_ string, err error) { done <- err }
+	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+	<-db.started
+	db.fail <- struct{}{}
+	<-done
+	db.mu.Lock()
+	db.free = false
+	db.mu.Unlock()
+	c.vac.claimedRows(rowsOf(driver.Outbox, 20))
+	if err := <-done; !errors.Is(err, errMigrating) {
+		t.Fatalf("vacuum: %v, want errMigrating", err)
+	}
+	db.mu.Lock()
+	db.free = true
+	db.mu.Unlock()
+	c.vac.claimedRows(rowsOf(driver.Outbox, 20))
+	<-db.started
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("vacuum: %v, want context.Canceled", err)
+	}
+	c.vac.mu.Lock()
+	failures := c.vac.failures["wp_outbox"]
+	c.vac.mu.Unlock()
+	logMu.Lock()
+	defer logMu.Unlock()
+	if failures != 1 || strings.Count(logs.String(), "vacuum of a work table failed") != 1 {
+		t.Fatalf("%d failures in a row, log:\n%s\nwant 1 failure, warned once", failures, logs.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // TestVacuumCloseCancels: Close cancels a vacuum under way, waits for it,
 // and no vacuum starts after it.
