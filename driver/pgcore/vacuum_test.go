@@ -208,6 +208,20 @@ func expectNoneStarted(t *testing.T, db *vacDB) {
 	}
 }
 
+// skippedForMigration takes the migration lock, makes an outbox vacuum
+// due, and checks that it is skipped.
+func skippedForMigration(t *testing.T, c *Core, db *vacDB, done chan error) {
+	t.Helper()
+	db.mu.Lock()
+	db.free = false
+	db.mu.Unlock()
+	c.vac.claimedRows(rowsOf(driver.Outbox, c.vac.after))
+	if err := <-done; !errors.Is(err, errMigrating) {
+		t.Fatalf("vacuum while a migration holds the lock: %v, want errMigrating", err)
+	}
+	expectNoneStarted(t, db)
+}
+
 func finish(t *testing.T, db *vacDB, done chan error) {
 	t.Helper()
 	db.release <- struct{}{}
@@ -276,14 +290,7 @@ func TestVacuumOnItsOwnSession(t *testing.T) {
 	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
 	finish(t, db, done)
 
-	db.mu.Lock()
-	db.free = false
-	db.mu.Unlock()
-	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
-	if err := <-done; !errors.Is(err, errMigrating) {
-		t.Fatalf("vacuum while a migration holds the lock: %v, want errMigrating", err)
-	}
-	expectNoneStarted(t, db)
+	skippedForMigration(t, c, db, done)
 	c.vac.mu.Lock()
 	failures := c.vac.failures["wp_outbox"]
 	c.vac.mu.Unlock()
@@ -333,14 +340,7 @@ func TestVacuumPoolWhenNoSessions(t *testing.T) {
 		expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
 		finish(t, db, done)
 	}
-	db.mu.Lock()
-	db.free = false
-	db.mu.Unlock()
-	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
-	if err := <-done; !errors.Is(err, errMigrating) {
-		t.Fatalf("vacuum while a migration holds the lock: %v, want errMigrating", err)
-	}
-	expectNoneStarted(t, db)
+	skippedForMigration(t, c, db, done)
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	if db.dials != 1 || db.sessions != 0 || db.maxConns != 1 {
