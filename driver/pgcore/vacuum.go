@@ -67,7 +67,7 @@ type vacuumer struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex
-	claimed  map[string]int  // table: rows claimed since its last vacuum began
+	claimed  map[string]int  // table: rows claimed since it last fell due
 	failures map[string]int  // table: its vacuums that failed in a row
 	due      []string        // tables waiting for the worker, in the order they fell due
 	pending  map[string]bool // table: in due, or being vacuumed
