@@ -208,6 +208,26 @@ func expectNoneStarted(t *testing.T, db *vacDB) {
 	}
 }
 
+// workerEnded returns once c's vacuum worker has found nothing left to do
+// and ended.
+func workerEnded(t *testing.T, c *Core) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.vac.mu.Lock()
+		working := c.vac.working
+		c.vac.mu.Unlock()
+		if !working {
+			c.vac.wg.Wait()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the vacuum worker still runs 10 s after its last vacuum")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // skippedForMigration takes the migration lock, makes an outbox vacuum
 // due, and checks that it is skipped.
 func skippedForMigration(t *testing.T, c *Core, db *vacDB, done chan error) {
@@ -289,6 +309,8 @@ func TestVacuumOnItsOwnSession(t *testing.T) {
 	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
 	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
 	finish(t, db, done)
+	// (Once the worker has ended its session, the next one opens another.)
+	workerEnded(t, c)
 
 	skippedForMigration(t, c, db, done)
 	c.vac.mu.Lock()
