@@ -14,6 +14,23 @@ import (
 // coordinator claims from one work table before it vacuums that table.
 const DefaultVacuumAfter = 100_000
 
+// ownershipTable is the stream ownership table. Every claim of a stream
+// writes its row and every settle deletes it, so it holds few live rows
+// but leaves a dead one per stream claimed; it is vacuumed too, more
+// often than the work tables (ownershipVacuumShare).
+const ownershipTable = "wp_active_streams"
+
+// ownershipVacuumShare: the ownership table falls due after
+// VacuumAfter / ownershipVacuumShare claimed rows that carry a stream.
+// Without vacuums its dead rows are pruned from pages but their space is
+// never reused (only a vacuum records it for reuse), so new ownership rows
+// go to new pages and the table grows by a page for every hundred or so
+// streams claimed. A claim beside other live instances, and every stream
+// renewal, reads the table whole, so that growth made each of them slower
+// than the last. The table's live rows are the streams in flight, so its
+// vacuum reads little more than the pages written since the last one.
+const ownershipVacuumShare = 5
+
 // maxVacuumBackoff caps how far failed vacuums of a table space out the
 // next attempt: after n failures in a row the table is next due after
 // VacuumAfter << min(n, maxVacuumBackoff) rows.
@@ -24,7 +41,9 @@ const maxVacuumBackoff = 6
 const vacuumAppName = "workpump-vacuum"
 
 // vacuumer vacuums a work table in the background once the coordinator
-// has claimed Options.VacuumAfter rows from it since its last vacuum.
+// has claimed Options.VacuumAfter rows from it since its last vacuum, and
+// the ownership table after a fifth of that many rows of streams
+// (ownershipVacuumShare).
 //
 // Why: a claim reads the table's pending rows through an index in seq
 // order, from the lowest seq. Every row claimed since the table was last
@@ -89,6 +108,9 @@ func newVacuumer(c *Core, after int) *vacuumer {
 }
 
 // claimedRows counts a claim's rows and queues the vacuums that fall due.
+// Its rows that carry a stream count toward the ownership table's vacuum:
+// at most one ownership row is written per stream a claim takes, so this
+// bounds the rows written there from above.
 func (v *vacuumer) claimedRows(work []driver.Work) {
 	if v == nil || v.after <= 0 || len(work) == 0 {
 		return
@@ -98,28 +120,40 @@ func (v *vacuumer) claimedRows(work []driver.Work) {
 	if v.closed || v.allowed < 0 {
 		return
 	}
+	streams := 0
 	for i := 0; i < len(work); {
 		j := i
 		for j < len(work) && work[j].Category == work[i].Category {
+			if work[j].StreamID != "" {
+				streams++
+			}
 			j++
 		}
 		table, n := migrations.Table(string(work[i].Category)), j-i
 		i = j
-		if table == "" {
-			continue
+		if table != "" {
+			v.count(table, n, v.after)
 		}
-		v.claimed[table] += n
-		if v.claimed[table] < v.after<<min(v.failures[table], maxVacuumBackoff) || v.pending[table] {
-			continue
-		}
-		v.claimed[table] = 0
-		v.pending[table] = true
-		v.due = append(v.due, table)
-		if !v.working {
-			v.working = true
-			v.wg.Add(1)
-			go v.work()
-		}
+	}
+	if streams > 0 {
+		v.count(ownershipTable, streams, max(v.after/ownershipVacuumShare, 1))
+	}
+}
+
+// count adds n rows to table's count and queues its vacuum when the count
+// reaches after (spaced out by the table's failures). v.mu is held.
+func (v *vacuumer) count(table string, n, after int) {
+	v.claimed[table] += n
+	if v.claimed[table] < after<<min(v.failures[table], maxVacuumBackoff) || v.pending[table] {
+		return
+	}
+	v.claimed[table] = 0
+	v.pending[table] = true
+	v.due = append(v.due, table)
+	if !v.working {
+		v.working = true
+		v.wg.Add(1)
+		go v.work()
 	}
 }
 
@@ -169,7 +203,7 @@ func (v *vacuumer) work() {
 		v.mu.Unlock()
 		switch {
 		case failed:
-			v.c.log.Warn("vacuum of a work table failed; its next one waits for more claimed rows",
+			v.c.log.Warn("vacuum of a table failed; its next one waits for more claimed rows",
 				"table", table, "failures_in_a_row", failures, "error", err)
 		case errors.Is(err, errMigrating):
 			v.c.log.Debug("vacuum skipped: a migration holds or waits for the schema's migration lock", "table", table)
@@ -277,7 +311,7 @@ func (v *vacuumer) vacuum(s *vacuumSession, table string) error {
 	if err != nil {
 		return err
 	}
-	v.c.log.Debug("vacuumed a work table", "table", qualified, "took", time.Since(start))
+	v.c.log.Debug("vacuumed a table", "table", qualified, "took", time.Since(start))
 	return nil
 }
 
@@ -316,7 +350,7 @@ func (v *vacuumer) mayVacuum(s *vacuumSession, qualified string) error {
 		return nil
 	}
 	v.allowed = -1
-	v.c.log.Info("work tables left to autovacuum: the role may not vacuum them (it owns neither them nor the database and is no superuser)",
+	v.c.log.Info("work and ownership tables left to autovacuum: the role may not vacuum them (it owns neither them nor the database and is no superuser)",
 		"table", qualified)
 	return errMayNotVacuum
 }

@@ -3,6 +3,7 @@ package pgcore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -298,6 +299,50 @@ func TestVacuumAfterClaimedRows(t *testing.T) {
 	}
 }
 
+// TestVacuumOwnershipTable: claimed rows that carry a stream count toward
+// the ownership table's vacuum, which falls due after a fifth of
+// VacuumAfter of them; streamless rows do not count; when a work table and
+// the ownership table fall due in one claim, both are vacuumed in turn.
+func TestVacuumOwnershipTable(t *testing.T) {
+	const vacOutbox, vacOwners = `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_active_streams`
+	db := newVacDB(true)
+	c, done := vacCore(t, db, 100, false)
+	streamRows := func(n int) []driver.Work {
+		w := rowsOf(driver.Inbox, n)
+		for i := range w {
+			w[i].StreamID = fmt.Sprint("s", i)
+		}
+		return w
+	}
+
+	c.vac.claimedRows(append(rowsOf(driver.Inbox, 60), streamRows(19)...))
+	expectNoneStarted(t, db)
+	c.vac.claimedRows(streamRows(1))
+	expectStarted(t, db, vacOwners)
+	finish(t, db, done)
+
+	// 99 outbox rows, 19 of them of streams: neither is due; one more row
+	// of a stream makes both due, the work table first.
+	w := append(rowsOf(driver.Outbox, 80), streamRows(19)...)
+	for i := range w {
+		w[i].Category = driver.Outbox
+	}
+	c.vac.claimedRows(w)
+	expectNoneStarted(t, db)
+	last := streamRows(1)
+	last[0].Category = driver.Outbox
+	c.vac.claimedRows(last)
+	expectStarted(t, db, vacOutbox)
+	finish(t, db, done)
+	expectStarted(t, db, vacOwners)
+	finish(t, db, done)
+	workerEnded(t, c)
+	expectNoneStarted(t, db)
+	if _, vacuums := db.counts(); len(vacuums) != 3 {
+		t.Fatalf("vacuums %q, want 3", vacuums)
+	}
+}
+
 // TestVacuumOnItsOwnSession: a core that opens sessions vacuums on one of
 // its own, named for it, under the schema's migration lock in shared
 // mode, taken and given back around each vacuum; no pool connection is
@@ -423,7 +468,7 @@ func TestVacuumSkipIsNoFailure(t *testing.T) {
 	c.vac.mu.Unlock()
 	logMu.Lock()
 	defer logMu.Unlock()
-	if failures != 1 || strings.Count(logs.String(), "vacuum of a work table failed") != 1 {
+	if failures != 1 || strings.Count(logs.String(), "vacuum of a table failed") != 1 {
 		t.Fatalf("%d failures in a row, log:\n%s\nwant 1 failure, warned once", failures, logs.String())
 	}
 }

@@ -242,7 +242,7 @@ func TestLeastPrivilege_Postgres(t *testing.T) {
 		t.Errorf("Stop (deregister) as the app role: %v", err)
 	}
 	stopped = true
-	const leftToAutovacuum = "work tables left to autovacuum"
+	const leftToAutovacuum = "work and ownership tables left to autovacuum"
 	waitUntil(t, 30*time.Second, "the coordinator's vacuum permission check", func() bool {
 		return strings.Contains(coordLogBuf.String(), leftToAutovacuum)
 	})
