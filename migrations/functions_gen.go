@@ -6,7 +6,7 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 18,
+	version: 19,
 	list: []InstalledFunction{
 		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
@@ -15,7 +15,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_check_pause_args(text, boolean, text)", Checksum: "eff910675dbae1e36f59935f71e35c6b"},
 		{Signature: "wp_claim_lock_rows(text, uuid[], tid[], bigint[], text[], text[], boolean, text[], timestamp with time zone)", Checksum: "79663683649f9efb6aa737773bd0f6bb"},
 		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "8058bfde1d144411a8634306127c37fe"},
-		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone, integer)", Checksum: "e201cf014aa19cb77bb81e37b53e92e1"},
+		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone, integer)", Checksum: "20fe9d2dad8761eb95a5e8a9381d9c9d"},
 		{Signature: "wp_cleanup_stale_instances(bigint, bigint, timestamp with time zone, bigint)", Checksum: "b20bb9a3a8c04082f3ee1bae22183e92"},
 		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "c83032baccfec8aac2be8949f7df15c2"},
 		{Signature: "wp_cut_batch(uuid[], tid[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], integer)", Checksum: "f6ad137f1a0832d155f6ffd16497c71f"},
