@@ -256,6 +256,11 @@ func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.Claim
 		overlapped            bool
 	)
 	for rows.Next() {
+		if res.Work == nil {
+			// (Sized at the first row, so a claim that finds nothing
+			// allocates nothing; a full batch is the common case.)
+			res.Work = make([]driver.Work, 0, min(req.MaxPerCategory, maxPrealloc))
+		}
 		var w driver.Work
 		if err := rows.Scan(&cat, &w.ID, &w.StreamID, &part, &w.Name, &w.MessageType, &w.Payload, &meta,
 			&att, &w.Seq, &sched, &created, &lease, &w.Orphaned, &overlapped); err != nil {
@@ -279,6 +284,9 @@ func (c *Core) claim(ctx context.Context, req driver.ClaimRequest) (driver.Claim
 	c.vac.claimedRows(res.Work)
 	return res, nil
 }
+
+// maxPrealloc caps the rows a claim's result is sized for up front.
+const maxPrealloc = 1024
 
 func nullTime(t sql.NullTime) time.Time {
 	if !t.Valid {
