@@ -78,11 +78,15 @@ type Options struct {
 	// index from the lowest seq, and steps over an entry for every row
 	// claimed since the table's last vacuum; autovacuum runs too seldom to
 	// keep that short while a large backlog drains, so without these
-	// vacuums each claim of a long drain costs more than the last. One
-	// vacuum runs at a time per coordinator, on a session of its own where
-	// the core opens sessions (as for the listener; application_name
-	// workpump-vacuum), else on one connection of the pool, which it holds
-	// while it runs (size such a pool for one more connection). A vacuum
+	// vacuums each claim of a long drain costs more than the last. The
+	// stream ownership table is vacuumed too, after VacuumAfter / 5
+	// claimed rows that carry a stream: its rows are inserted and deleted
+	// as streams are claimed and settled, and a claim beside other live
+	// instances reads it whole. One vacuum runs at a time per
+	// coordinator, on a session of its own where the core opens sessions
+	// (as for the listener; application_name workpump-vacuum), else on one
+	// connection of the pool, which it holds while it runs (size such a
+	// pool for one more connection). A vacuum
 	// is skipped while a migration of the schema holds or waits for its
 	// migration lock, and a failed one makes the table wait for twice as
 	// many rows before the next (up to 64 times). The role must own the
