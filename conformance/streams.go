@@ -11,6 +11,7 @@ import (
 func streamCases() []testCase {
 	return []testCase{
 		{name: "Streams/ClaimMakesCallerStreamOwner", run: streamClaimSetsOwner},
+		{name: "Streams/ClaimTakesOwnedAndNewStreamsTogether", run: streamOwnedBesideNew},
 		{name: "Streams/OwnerKeepsStreamAfterRankChange", run: streamOwnerKeepsAfterRankChange},
 		{name: "Streams/ExpiredStreamLeaseGoesToRankOwner", run: streamExpiredGoesToRankOwner},
 		{name: "Streams/PeerOwnedRowsDoNotFillTheBatch", run: streamPeerOwnedOutsideCap},
@@ -43,6 +44,37 @@ func streamClaimSetsOwner(e *env) {
 	for _, w := range ws {
 		e.mustOwn(w.StreamID, a, e.now().Add(lease), "after claiming "+string(w.Category))
 	}
+}
+
+// streamOwnedBesideNew: one claim takes rows of a stream the caller
+// already owns (its outbox head is still leased) together with rows of
+// streams nobody owns, named to sort on both sides of it, while a stream
+// of its rank that a live peer owns (taken while the peer was alone) is
+// left out: the caller then owns each of its streams, with the new stream
+// lease, and the peer keeps its stream and its lease.
+func streamOwnedBesideNew(e *env) {
+	ids := sortedIDs(2)
+	a, b := ids[0], ids[1]
+	own, peer := e.streamFor("beside-m", ids, a), e.streamFor("beside-p", ids, a)
+	low, high := e.streamFor("beside-a", ids, a), e.streamFor("beside-z", ids, a)
+	peerHead := item(driver.Outbox, peer)
+	e.enqueue(peerHead)
+	e.register(b)
+	e.wantIDs("B's claim while alone", e.claim(b, driver.Outbox).Work, peerHead.ID)
+	peerLease := e.now().Add(defaultLease)
+	head := item(driver.Outbox, own)
+	e.enqueue(head)
+	e.register(a, b)
+	e.wantIDs("A's claim of its stream's head", e.claim(a, driver.Outbox).Work, head.ID)
+	news := []driver.NewWork{item(driver.Inbox, low), item(driver.Inbox, own), item(driver.Inbox, peer), item(driver.Inbox, high)}
+	e.enqueue(news...)
+	e.advance(defaultLease / 8)
+	e.register(a, b)
+	e.wantIDs("A's inbox claim beside its own and B's streams", e.claim(a, driver.Inbox).Work, news[0].ID, news[1].ID, news[3].ID)
+	for _, st := range []string{low, own, high} {
+		e.mustOwn(st, a, e.now().Add(defaultLease), "A's inbox claim")
+	}
+	e.mustOwn(peer, b, peerLease, "B's stream after A's inbox claim")
 }
 
 // twoWithOwner registers a alone and lets it claim (and keep leased) the

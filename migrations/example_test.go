@@ -39,7 +39,7 @@ func ExampleRender() {
 	// 0016_bounded_reads: creates wp_ objects in "shop": true
 	// 0017_leased_index: creates wp_ objects in "shop": true
 	// 0018_key_ranges: creates wp_ objects in "shop": true
-	// 0019_unsorted_candidates: creates wp_ objects in "shop": true
+	// 0019_lean_claims: creates wp_ objects in "shop": true
 	// true
 }
 

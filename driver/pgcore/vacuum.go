@@ -75,8 +75,8 @@ const vacuumAppName = "workpump-vacuum"
 // waits for the vacuums it can see before its DDL (see migrations). Only
 // a role that owns the table, owns the database or is a superuser (or,
 // from Postgres 17, holds the MAINTAIN privilege on it) may vacuum it: the
-// first time a vacuum is due the role is checked once, and a role that
-// may not vacuum leaves the tables to autovacuum.
+// first time a table's vacuum is due the role is checked for that table,
+// and a table the role may not vacuum is left to autovacuum.
 type vacuumer struct {
 	c     *Core
 	after int // rows per table between vacuums; <= 0 never
@@ -91,7 +91,7 @@ type vacuumer struct {
 	due      []string        // tables waiting for the worker, in the order they fell due
 	pending  map[string]bool // table: in due, or being vacuumed
 	working  bool            // the worker runs
-	allowed  int             // 0 not checked yet, 1 may vacuum, -1 may not
+	allowed  map[string]int  // table: 0 not checked yet, 1 may vacuum, -1 may not
 	closed   bool
 	// noSessions: the dialer said the client opens no sessions (the
 	// worker's alone: it is read and written only there).
@@ -104,7 +104,7 @@ type vacuumer struct {
 func newVacuumer(c *Core, after int) *vacuumer {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &vacuumer{c: c, after: after, ctx: ctx, cancel: cancel,
-		claimed: map[string]int{}, failures: map[string]int{}, pending: map[string]bool{}}
+		claimed: map[string]int{}, failures: map[string]int{}, pending: map[string]bool{}, allowed: map[string]int{}}
 }
 
 // claimedRows counts a claim's rows and queues the vacuums that fall due.
@@ -117,7 +117,7 @@ func (v *vacuumer) claimedRows(work []driver.Work) {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.closed || v.allowed < 0 {
+	if v.closed {
 		return
 	}
 	streams := 0
@@ -143,6 +143,9 @@ func (v *vacuumer) claimedRows(work []driver.Work) {
 // count adds n rows to table's count and queues its vacuum when the count
 // reaches after (spaced out by the table's failures). v.mu is held.
 func (v *vacuumer) count(table string, n, after int) {
+	if v.allowed[table] < 0 {
+		return
+	}
 	v.claimed[table] += n
 	if v.claimed[table] < after<<min(v.failures[table], maxVacuumBackoff) || v.pending[table] {
 		return
@@ -274,7 +277,7 @@ var errMigrating = errors.New("a migration holds the schema's migration lock")
 
 func (v *vacuumer) vacuum(s *vacuumSession, table string) error {
 	qualified := `"` + v.c.opts.Schema + `".` + table
-	if err := v.mayVacuum(s, qualified); err != nil {
+	if err := v.mayVacuum(s, table, qualified); err != nil {
 		return err
 	}
 	ph := v.c.d.ph
@@ -315,11 +318,14 @@ func (v *vacuumer) vacuum(s *vacuumSession, table string) error {
 	return nil
 }
 
-// mayVacuum returns nil if the role may vacuum the work tables, checking
-// once (a failed check is tried again at the next vacuum due).
-func (v *vacuumer) mayVacuum(s *vacuumSession, qualified string) error {
+// mayVacuum returns nil if the role may vacuum table, checking each table
+// once (a failed check is tried again at the table's next vacuum). Each
+// table is checked for itself: a role may hold MAINTAIN on some tables and
+// not on others, and a VACUUM of a table the role may not vacuum only
+// warns and succeeds.
+func (v *vacuumer) mayVacuum(s *vacuumSession, table, qualified string) error {
 	v.mu.Lock()
-	allowed := v.allowed
+	allowed := v.allowed[table]
 	v.mu.Unlock()
 	switch {
 	case allowed > 0:
@@ -346,11 +352,11 @@ func (v *vacuumer) mayVacuum(s *vacuumSession, qualified string) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if found && ok {
-		v.allowed = 1
+		v.allowed[table] = 1
 		return nil
 	}
-	v.allowed = -1
-	v.c.log.Info("work and ownership tables left to autovacuum: the role may not vacuum them (it owns neither them nor the database and is no superuser)",
+	v.allowed[table] = -1
+	v.c.log.Info("table left to autovacuum: the role may not vacuum it (it owns neither the table nor the database and is no superuser, or lacks MAINTAIN on it)",
 		"table", qualified)
 	return errMayNotVacuum
 }

@@ -1,16 +1,130 @@
--- workpump schema, version 19: a claim gathers its candidates without
--- sorting them again.
---
--- wp_claim_work read its candidates in seq order and then built each of
--- their arrays with an aggregate that sorted the rows by seq once more,
--- one sort per array. No step after the read depends on the arrays'
--- order: the stream and row locks, the re-check and the update work on
--- the candidates as a set, and the gap check of wp_claim_lock_rows
--- compares seqs. The arrays are still parallel (filled by one aggregation
--- over the same rows). Only wp_claim_work is replaced; its rules are
--- version 18's.
+-- Reverts 0019_lean_claims.up.sql: wp_claim_streams of version 14 and
+-- wp_claim_work of version 18.
 
--- wp_claim_work (version 19: candidates gathered unsorted) leases claimable rows to p_instance_id and returns them,
+-- wp_claim_streams (version 14: it locks ownership rows in stream order)
+-- is step 5 of wp_claim_work: it locks the streams
+-- p_streams (partitions p_parts) and makes p_instance_id the owner, with
+-- stream lease p_exp, of each it locked that no other live instance owns
+-- with a lease unexpired at p_now. It returns the streams the caller owns
+-- now; a stream it skipped (locked by an open enqueue or a concurrent
+-- claim) or could not take is not among them. The locks are held to the
+-- end of the caller's transaction.
+CREATE OR REPLACE FUNCTION {{.S}}.wp_claim_streams(
+    p_instance_id uuid,
+    p_streams     text[],
+    p_parts       integer[],
+    p_now         timestamptz,
+    p_exp         timestamptz)
+RETURNS text[]
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_locked text[];
+    v_exist  text[]; -- locked streams that have an ownership row
+    v_owned  text[] := '{}';
+    v_timeout text;  -- the caller's lock_timeout
+BEGIN
+        -- Lock the streams (an open enqueue or a concurrent claim of a
+        -- stream makes us skip it), then take ownership of those not owned
+        -- by another live instance with an unexpired stream lease.
+        -- Existing lock rows first; then the missing ones are created (a
+        -- row this claim inserts is its own until commit). A row locked by
+        -- someone else conflicts and is skipped, like a SKIP LOCKED row.
+        v_locked := ARRAY(
+            SELECT l.stream_id FROM {{.S}}.wp_stream_locks l
+             WHERE l.stream_id = ANY (p_streams)
+             ORDER BY l.stream_id
+               FOR UPDATE SKIP LOCKED);
+        -- The insert must not wait either: a lock row an open enqueue
+        -- created (or a purge is deleting) makes it wait for that
+        -- transaction, and the enqueue's next call in the same transaction
+        -- may wait for a lock row this claim holds. So it runs with the
+        -- shortest lock timeout, and if it would wait, every missing
+        -- stream is skipped this time (the block's insert and setting are
+        -- undone with it).
+        IF cardinality(v_locked) < cardinality(p_streams) THEN
+            v_timeout := current_setting('lock_timeout');
+            BEGIN
+                PERFORM set_config('lock_timeout', '1ms', true);
+                WITH ins AS (
+                    INSERT INTO {{.S}}.wp_stream_locks (stream_id)
+                    SELECT s FROM unnest(p_streams) s
+                     WHERE s NOT IN (SELECT unnest(v_locked))
+                     ORDER BY s COLLATE "C"
+                    ON CONFLICT (stream_id) DO NOTHING
+                    RETURNING stream_id)
+                SELECT v_locked || COALESCE(array_agg(ins.stream_id), '{}') INTO v_locked FROM ins;
+                PERFORM set_config('lock_timeout', v_timeout, true);
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;
+            END;
+        END IF;
+        -- An owner counts as gone only when its instance row is gone on the
+        -- statement's own snapshot: the live set read at the start misses a
+        -- peer that registered since, and that peer may own the stream by now.
+        -- Ownership: existing rows are updated, missing ones inserted
+        -- plainly (cheaper than an upsert's speculative insertion).
+        -- Only a claimer holding a stream's lock row inserts its ownership
+        -- row, and this claim has held all of v_locked since before these
+        -- statements' snapshots, so no row can appear meanwhile. A row that
+        -- a settle deleted meanwhile is neither updated nor inserted here;
+        -- the upsert below takes such streams, so the outcome is the
+        -- upsert's in every case.
+        -- The ownership rows are locked first, in stream order, as every
+        -- other writer of them locks them (wp_settle_streams, the renewal,
+        -- the release): the update below would lock them in the order it
+        -- finds them, and a settle of the same streams (a Complete, Fail or
+        -- Release of the owner, running beside the claim) could hold one
+        -- and wait for another the update holds. A row deleted by a settle
+        -- while this waited for it is not returned, so it is inserted anew.
+        v_exist := ARRAY(SELECT a.stream_id FROM {{.S}}.wp_active_streams a
+                          WHERE a.stream_id = ANY (v_locked)
+                          ORDER BY a.stream_id
+                            FOR NO KEY UPDATE);
+        IF cardinality(v_exist) > 0 THEN
+            WITH up AS (
+                UPDATE {{.S}}.wp_active_streams a
+                   SET assigned_instance_id = p_instance_id, lease_expiry = p_exp
+                 WHERE a.stream_id = ANY (v_exist)
+                   AND (a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
+                        OR a.lease_expiry < p_now
+                        OR NOT EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i
+                                        WHERE i.instance_id = a.assigned_instance_id))
+                RETURNING a.stream_id)
+            SELECT COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
+        END IF;
+        WITH ins AS (
+            INSERT INTO {{.S}}.wp_active_streams (stream_id, assigned_instance_id, lease_expiry, partition_number)
+            SELECT x.s, p_instance_id, p_exp, x.part FROM unnest(p_streams, p_parts) AS x(s, part)
+             WHERE x.s IN (SELECT unnest(v_locked)) AND x.s NOT IN (SELECT unnest(v_exist))
+             ORDER BY x.s COLLATE "C"
+            RETURNING stream_id)
+        SELECT v_owned || COALESCE(array_agg(ins.stream_id), '{}') INTO v_owned FROM ins;
+        IF cardinality(v_owned) < cardinality(v_locked) THEN
+            WITH up AS (
+                INSERT INTO {{.S}}.wp_active_streams AS a (stream_id, assigned_instance_id, lease_expiry, partition_number)
+                SELECT x.s, p_instance_id, p_exp, x.part FROM unnest(p_streams, p_parts) AS x(s, part)
+                 WHERE x.s IN (SELECT unnest(v_locked)) AND x.s NOT IN (SELECT unnest(v_owned))
+                 ORDER BY x.s COLLATE "C"
+                ON CONFLICT (stream_id) DO UPDATE
+                   SET assigned_instance_id = EXCLUDED.assigned_instance_id, lease_expiry = EXCLUDED.lease_expiry,
+                       partition_number = EXCLUDED.partition_number
+                 WHERE a.assigned_instance_id IS NULL OR a.assigned_instance_id = p_instance_id
+                    OR a.lease_expiry < p_now
+                    OR NOT EXISTS (SELECT 1 FROM {{.S}}.wp_service_instances i
+                                    WHERE i.instance_id = a.assigned_instance_id)
+                RETURNING a.stream_id)
+            SELECT v_owned || COALESCE(array_agg(up.stream_id), '{}') INTO v_owned FROM up;
+        END IF;
+    RETURN v_owned;
+END
+$fn$;
+
+-- wp_claim_work (version 18: a rank takes one range of rank keys) leases claimable rows to p_instance_id and returns them,
 -- grouped by category (outbox, inbox, perspective_event, receptor); within a
 -- category the order is the update's, and the drivers sort by seq. The rules are the driver package's:
 --  * claimable: pending AND (unowned OR lease_expiry < now) AND due;
@@ -244,13 +358,9 @@ BEGIN
         -- caller and are not blocked in their scope. Sources are merged by
         -- seq: fresh rows (index order), and waiting rows whose schedule is
         -- due or whose lease expired (few; sorted).
-        -- The candidate arrays are parallel (one aggregation fills them
-        -- all) and need no order: every later step locks, re-checks and
-        -- updates by set, and the gap check compares seqs (so the
-        -- aggregates do not each sort the rows again).
-        SELECT array_agg(w.k), array_agg(w.tid), array_agg(w.seq),
-               array_agg(w.stream_id), array_agg(w.sname), bool_and(w.fresh),
-               array_agg(w.partition_number)
+        SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
+               array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), bool_and(w.fresh),
+               array_agg(w.partition_number ORDER BY w.seq)
           INTO c_{{.Name}}_id, c_{{.Name}}_tid, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name, c_{{.Name}}_fresh,
                c_{{.Name}}_part
           FROM (
@@ -297,10 +407,9 @@ BEGIN
     ELSIF v_{{.Name}} THEN
 {{- if .ByName}}
         -- Some of the category's names are paused: their rows are left out.
-        -- (Unsorted arrays, as on the path above.)
-        SELECT array_agg(w.k), array_agg(w.tid), array_agg(w.seq),
-               array_agg(w.stream_id), array_agg(w.sname), bool_and(w.fresh),
-               array_agg(w.partition_number)
+        SELECT array_agg(w.k ORDER BY w.seq), array_agg(w.tid ORDER BY w.seq), array_agg(w.seq ORDER BY w.seq),
+               array_agg(w.stream_id ORDER BY w.seq), array_agg(w.sname ORDER BY w.seq), bool_and(w.fresh),
+               array_agg(w.partition_number ORDER BY w.seq)
           INTO c_{{.Name}}_id, c_{{.Name}}_tid, c_{{.Name}}_seq, c_{{.Name}}_stream, c_{{.Name}}_name, c_{{.Name}}_fresh,
                c_{{.Name}}_part
           FROM (
