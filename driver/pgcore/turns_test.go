@@ -3,6 +3,7 @@ package pgcore
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -165,10 +166,13 @@ func TestClaimTurns_WaitersInArrivalOrder(t *testing.T) {
 	}
 	order := make(chan got, 3)
 	ctxs := make([]context.CancelFunc, 3)
+	var exited sync.WaitGroup // every waiter has returned (and given its turn back)
 	for i := range 3 {
 		ctx, cancel := context.WithCancel(context.Background())
 		ctxs[i] = cancel
+		exited.Add(1)
 		go func() {
+			defer exited.Done()
 			tk, waited, err := ct.take(context.Background(), ctx)
 			if err == nil {
 				if waited <= 0 {
@@ -199,6 +203,8 @@ func TestClaimTurns_WaitersInArrivalOrder(t *testing.T) {
 	for _, c := range ctxs {
 		c()
 	}
+	// (The last waiter reports before it gives its turn back.)
+	exited.Wait()
 
 	// Granted while giving up: the turn goes to the next waiter.
 	held = mustTake(t, ct)
