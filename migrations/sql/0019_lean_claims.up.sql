@@ -13,7 +13,8 @@
 -- rest. A stream's ownership row goes when its owner settles the stream,
 -- and a stream is claimable again only once its earlier rows are settled,
 -- so the probe finds nothing in the common case. It now inserts first,
--- and takes the old steps only when the insert meets a row.
+-- and takes the old steps only when the insert meets a row; after such a
+-- claim the next claims on the same session probe first.
 --
 -- Only these two functions are replaced; the rules are version 18's.
 
@@ -44,6 +45,7 @@ DECLARE
     v_owned  text[] := '{}';
     v_timeout text;  -- the caller's lock_timeout
     v_every   boolean; -- every stream of p_streams is locked
+    v_left    text;    -- claims on this session to probe first
 BEGIN
         -- Lock the streams (an open enqueue or a concurrent claim of a
         -- stream makes us skip it), then take ownership of those not owned
@@ -90,7 +92,18 @@ BEGIN
         -- for, as the probe below would wait for it), and the block's
         -- subtransaction undoes what it inserted; the steps below then
         -- take the streams as they always did.
-        IF cardinality(v_locked) > 0 THEN
+        -- Some workloads keep rows there between claims (a stream with
+        -- rows in flight in another order scope: another category, or
+        -- another perspective name), and then the insert fails most times,
+        -- after inserting up to every stream that sorts before the first
+        -- owned one. So a failure makes the next claims on this session
+        -- probe first (workpump.claim_probes_left, a session setting and
+        -- only a hint: its value changes no outcome), and the insert is
+        -- tried again after them.
+        v_left := COALESCE(current_setting('workpump.claim_probes_left', true), '');
+        IF v_left ~ '^[0-9]{1,3}$' AND v_left::integer > 0 THEN
+            PERFORM set_config('workpump.claim_probes_left', (v_left::integer - 1)::text, false);
+        ELSIF cardinality(v_locked) > 0 THEN
             v_every := cardinality(v_locked) = cardinality(p_streams);
             BEGIN
                 WITH ins AS (
@@ -104,6 +117,7 @@ BEGIN
             EXCEPTION WHEN unique_violation THEN
                 v_owned := '{}';
             END;
+            PERFORM set_config('workpump.claim_probes_left', '16', false);
         END IF;
         -- An owner counts as gone only when its instance row is gone on the
         -- statement's own snapshot: the live set read at the start misses a
