@@ -25,9 +25,9 @@ const ownershipTable = "wp_active_streams"
 // Without vacuums its dead rows are pruned from pages but their space is
 // never reused (only a vacuum records it for reuse), so new ownership rows
 // go to new pages and the table grows by a page for every hundred or so
-// streams claimed. A claim beside other live instances, and every stream
-// renewal, reads the table whole, so that growth made each of them slower
-// than the last. The table's live rows are the streams in flight, so its
+// streams claimed. A claim beside other live instances reads the table
+// whole (as do cleanup and deregistration), so that growth made each such
+// claim slower than the last. The table's live rows are the streams in flight, so its
 // vacuum reads little more than the pages written since the last one.
 const ownershipVacuumShare = 5
 
