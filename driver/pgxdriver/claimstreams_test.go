@@ -2,11 +2,14 @@ package pgxdriver
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/workpump/workpump/driver"
@@ -19,11 +22,30 @@ import (
 // head) the claim takes its streams by the probe, and the next claims on
 // the same session probe first, counting down the session's
 // workpump.claim_probes_left. Either way every stream the claim takes is
-// owned by the caller once, with the claim's stream lease.
+// owned by the caller once, with the claim's stream lease. The claim
+// tells by a debug message when it tries the insert.
 func TestClaimProbesFirstAfterAnInsertMetARow(t *testing.T) {
 	ctx := context.Background()
 	cfg := pgtest.Config(t, pgx.QueryExecModeCacheStatement)
 	cfg.MaxConns = 1 // every statement on one session
+	// The claim sends a debug message when it tries the insert first.
+	var mu sync.Mutex
+	tries := 0
+	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug1"
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if strings.Contains(n.Message, "ownership insert first") {
+			mu.Lock()
+			tries++
+			mu.Unlock()
+		}
+	}
+	triedSince := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := tries
+		tries = 0
+		return n
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -91,22 +113,48 @@ func TestClaimProbesFirstAfterAnInsertMetARow(t *testing.T) {
 
 	enqueue(driver.Outbox, "h-m")
 	claim(driver.Outbox, "h-m")
-	if v := probesLeft(); v != "" {
-		t.Fatalf("after a claim whose insert met no row: claim_probes_left %q, want unset", v)
+	if v, n := probesLeft(), triedSince(); v != "" || n != 1 {
+		t.Fatalf("after a claim whose insert met no row: claim_probes_left %q, inserts tried %d; want unset and 1", v, n)
 	}
 	// h-m is still owned (its outbox head is leased): the insert meets its
 	// row after inserting h-a's, and the probe takes all three.
 	enqueue(driver.Inbox, "h-a", "h-m", "h-z")
 	claim(driver.Inbox, "h-a", "h-m", "h-z")
-	if v := probesLeft(); v != "16" {
-		t.Fatalf("after a claim whose insert met a row: claim_probes_left %q, want 16", v)
+	if v, n := probesLeft(), triedSince(); v != "16" || n != 1 {
+		t.Fatalf("after a claim whose insert met a row: claim_probes_left %q, inserts tried %d; want 16 and 1", v, n)
 	}
+	// The next claims probe first, without trying the insert.
 	for i, want := range []string{"15", "14"} {
 		s := []string{"h-b", "h-c"}[i]
 		enqueue(driver.Inbox, s)
 		claim(driver.Inbox, s)
-		if v := probesLeft(); v != want {
-			t.Fatalf("claim %d after it: claim_probes_left %q, want %s", i+1, v, want)
+		if v, n := probesLeft(), triedSince(); v != want || n != 0 {
+			t.Fatalf("claim %d after it: claim_probes_left %q, inserts tried %d; want %s and 0", i+1, v, n, want)
 		}
+	}
+	// Counted down to its last claim: that one probes, and the one after
+	// it tries the insert again (which meets no row: the hint stays 0).
+	if _, err := pool.Exec(ctx, `SELECT set_config('workpump.claim_probes_left', '1', false)`); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		left  string
+		tried int
+	}{{"0", 0}, {"0", 1}} {
+		s := []string{"h-d", "h-e"}[i]
+		enqueue(driver.Inbox, s)
+		claim(driver.Inbox, s)
+		if v, n := probesLeft(), triedSince(); v != want.left || n != want.tried {
+			t.Fatalf("claim %d from one left: claim_probes_left %q, inserts tried %d; want %s and %d", i+1, v, n, want.left, want.tried)
+		}
+	}
+	// A value that is no count leaves the insert tried.
+	if _, err := pool.Exec(ctx, `SELECT set_config('workpump.claim_probes_left', 'x', false)`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(driver.Inbox, "h-f")
+	claim(driver.Inbox, "h-f")
+	if n := triedSince(); n != 1 {
+		t.Fatalf("with claim_probes_left 'x': inserts tried %d, want 1", n)
 	}
 }

@@ -105,6 +105,9 @@ BEGIN
             PERFORM set_config('workpump.claim_probes_left', (v_left::integer - 1)::text, false);
         ELSIF cardinality(v_locked) > 0 THEN
             v_every := cardinality(v_locked) = cardinality(p_streams);
+            -- (Sent only to a session that asks for debug messages: tests
+            -- tell by it which way a claim went.)
+            RAISE DEBUG 'workpump: claim: ownership insert first';
             BEGIN
                 WITH ins AS (
                     INSERT INTO {{.S}}.wp_active_streams (stream_id, assigned_instance_id, lease_expiry, partition_number)
