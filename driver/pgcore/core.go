@@ -82,7 +82,12 @@ type Options struct {
 	// stream ownership table is vacuumed too, after VacuumAfter / 5
 	// claimed rows that carry a stream: its rows are inserted and deleted
 	// as streams are claimed and settled, and a claim beside other live
-	// instances reads it whole. One vacuum runs at a time per
+	// instances reads it whole. Rows claimed by other processes count
+	// too: each time this coordinator has claimed another eighth of a
+	// table's count it reads the table's statistics, and rows updated
+	// and deleted there since its last vacuum, by any session, make it
+	// due once they stand at two per work row (one per stream for the
+	// ownership table). One vacuum runs at a time per
 	// coordinator, on a session of its own where the core opens sessions
 	// (as for the listener; application_name workpump-vacuum), else on one
 	// connection of the pool, which it holds while it runs (size such a

@@ -31,6 +31,22 @@ const ownershipTable = "wp_active_streams"
 // vacuum reads little more than the pages written since the last one.
 const ownershipVacuumShare = 5
 
+// probeShare: between its vacuums a table's statistics are read each
+// time the coordinator has claimed another 1/probeShare of the rows that
+// make it due (see vacuumer).
+const probeShare = 8
+
+// Rows a table sees updated or deleted per row counted toward its vacuum:
+// a claimed work row is updated by its claim and deleted or updated by its
+// completion; a claimed stream's ownership row is deleted by its settle
+// (its insert leaves no dead version). A table whose statistics show this
+// many changes per row of its count since its last vacuum is due as if
+// the coordinator had claimed those rows itself.
+const (
+	changesPerWorkRow   = 2
+	changesPerStreamRow = 1
+)
+
 // maxVacuumBackoff caps how far failed vacuums of a table space out the
 // next attempt: after n failures in a row the table is next due after
 // VacuumAfter << min(n, maxVacuumBackoff) rows.
@@ -53,6 +69,24 @@ const vacuumAppName = "workpump-vacuum"
 // most and waits for a fifth of the table to change, comes too late for a
 // backlog that drains within minutes. A vacuum removes those entries (and
 // frees the heap space for new rows).
+//
+// Every process counts only the rows it claims, so with several processes
+// a table would reach each one's count only after all of them together
+// had claimed several times as many rows, and a process that restarts
+// before it reaches its count (a rolling deploy) would never vacuum. So
+// each time the coordinator has claimed another 1/probeShare of a table's
+// count, it reads the table's statistics on a pool connection: its rows
+// updated and deleted, and its vacuums (manual or automatic), counters
+// that every session's committed writes feed with a lag of about a
+// second. Changes since the last vacuum it saw, whoever made them, that
+// stand at the count's worth (changesPerWorkRow, changesPerStreamRow)
+// make the table due then. A table's first reading counts its dead row
+// versions as the changes since its last vacuum. Counting changes rather
+// than dead versions keeps a vacuum from being repeated at every reading
+// when the versions it could not remove (an old snapshot still sees them)
+// stay; a vacuum another process ran restarts the changes at the next
+// reading. With the server's statistics off the readings stay 0 and the
+// coordinator's own count alone decides.
 //
 // One vacuum runs at a time per coordinator, and tables that fall due
 // meanwhile wait their turn. A table's count starts again when it falls
@@ -86,12 +120,12 @@ type vacuumer struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex
-	claimed  map[string]int  // table: rows claimed since it last fell due
-	failures map[string]int  // table: its vacuums that failed in a row
-	due      []string        // tables waiting for the worker, in the order they fell due
-	pending  map[string]bool // table: in due, or being vacuumed
-	working  bool            // the worker runs
-	allowed  map[string]int  // table: 0 not checked yet, 1 may vacuum, -1 may not
+	claimed  map[string]int     // table: rows claimed since it last fell due
+	failures map[string]int     // table: its vacuums that failed in a row
+	due      []dueTable         // tables waiting for the worker, in the order they fell due
+	pending  map[string]dueKind // table: in due, or being probed or vacuumed
+	working  bool               // the worker runs
+	allowed  map[string]int     // table: 0 not checked yet, 1 may vacuum, -1 may not
 	closed   bool
 	// noSessions: the dialer said the client opens no sessions (the
 	// worker's alone: it is read and written only there).
@@ -99,12 +133,38 @@ type vacuumer struct {
 	// ran is called after each vacuum with the table and the vacuum's
 	// error (tests only).
 	ran func(table string, err error)
+	// seen: table: what its last probe read (set by its first).
+	seen map[string]tableStats
+	// probed is called after each probe with the table and the changes
+	// since its last vacuum, or the reading's error (tests only).
+	probed func(table string, changes int64, err error)
+}
+
+// dueKind is what the worker is to do with a table.
+type dueKind int
+
+const (
+	dueProbe  dueKind = iota + 1 // read its statistics; vacuum it if its changes are at changes
+	dueVacuum                    // vacuum it
+)
+
+type dueTable struct {
+	table   string
+	kind    dueKind
+	changes int64 // dueProbe: the changes since its last vacuum that make it due
+}
+
+// tableStats is what a table's last probe read.
+type tableStats struct {
+	vacuums int64 // its vacuum count, manual and automatic
+	base    int64 // its counter of rows updated and deleted, as it stood at its last vacuum (estimated)
 }
 
 func newVacuumer(c *Core, after int) *vacuumer {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &vacuumer{c: c, after: after, ctx: ctx, cancel: cancel,
-		claimed: map[string]int{}, failures: map[string]int{}, pending: map[string]bool{}, allowed: map[string]int{}}
+		claimed: map[string]int{}, failures: map[string]int{}, pending: map[string]dueKind{}, allowed: map[string]int{},
+		seen: map[string]tableStats{}}
 }
 
 // claimedRows counts a claim's rows and queues the vacuums that fall due.
@@ -132,27 +192,44 @@ func (v *vacuumer) claimedRows(work []driver.Work) {
 		table, n := migrations.Table(string(work[i].Category)), j-i
 		i = j
 		if table != "" {
-			v.count(table, n, v.after)
+			v.count(table, n, v.after, changesPerWorkRow)
 		}
 	}
 	if streams > 0 {
-		v.count(ownershipTable, streams, max(v.after/ownershipVacuumShare, 1))
+		v.count(ownershipTable, streams, max(v.after/ownershipVacuumShare, 1), changesPerStreamRow)
 	}
 }
 
 // count adds n rows to table's count and queues its vacuum when the count
-// reaches after (spaced out by the table's failures). v.mu is held.
-func (v *vacuumer) count(table string, n, after int) {
+// reaches after (spaced out by the table's failures), or a probe of its
+// statistics when the count passes another 1/probeShare of that.
+// A vacuum falling due while the table's probe waits or runs is queued
+// too (the probe then gives way to it). v.mu is held.
+func (v *vacuumer) count(table string, n, after, changesPerRow int) {
 	if v.allowed[table] < 0 {
 		return
 	}
+	before := v.claimed[table]
 	v.claimed[table] += n
-	if v.claimed[table] < after<<min(v.failures[table], maxVacuumBackoff) || v.pending[table] {
+	if v.pending[table] == dueVacuum {
 		return
 	}
-	v.claimed[table] = 0
-	v.pending[table] = true
-	v.due = append(v.due, table)
+	limit := after << min(v.failures[table], maxVacuumBackoff)
+	if v.claimed[table] >= limit {
+		v.claimed[table] = 0
+		v.queue(dueTable{table: table, kind: dueVacuum})
+		return
+	}
+	if step := max(after/probeShare, 1); v.pending[table] == 0 && before/step != v.claimed[table]/step {
+		v.queue(dueTable{table: table, kind: dueProbe, changes: int64(limit) * int64(changesPerRow)})
+	}
+}
+
+// queue appends d to the due tables and starts the worker if it is not
+// running. v.mu is held.
+func (v *vacuumer) queue(d dueTable) {
+	v.pending[d.table] = d.kind
+	v.due = append(v.due, d)
 	if !v.working {
 		v.working = true
 		v.wg.Add(1)
@@ -177,9 +254,18 @@ func (v *vacuumer) work() {
 			v.mu.Unlock()
 			return
 		}
-		table := v.due[0]
+		d := v.due[0]
 		v.due = v.due[1:]
+		table := d.table
+		if d.kind == dueProbe && v.pending[d.table] == dueVacuum {
+			// (Its vacuum fell due meanwhile and follows in due.)
+			v.mu.Unlock()
+			continue
+		}
 		v.mu.Unlock()
+		if d.kind == dueProbe && !v.probe(d) {
+			continue
+		}
 
 		var err error
 		if s == nil {
@@ -215,6 +301,67 @@ func (v *vacuumer) work() {
 			ran(table, err)
 		}
 	}
+}
+
+// probe reads d's table's statistics on a pool connection and reports
+// whether its changes since its last vacuum make it due now; then the
+// table is pending as a vacuum and its count starts again, as when the
+// count made it due.
+func (v *vacuumer) probe(d dueTable) bool {
+	var changed, vacuums, dead int64
+	_, err := queryRow(v.ctx, v.c.db,
+		`SELECT pg_stat_get_tuples_updated(t.o) + pg_stat_get_tuples_deleted(t.o),
+		        pg_stat_get_vacuum_count(t.o) + pg_stat_get_autovacuum_count(t.o),
+		        pg_stat_get_dead_tuples(t.o)
+		   FROM (SELECT `+v.c.d.ph(1)+`::text::regclass::oid AS o) t`,
+		[]any{v.qualified(d.table)}, &changed, &vacuums, &dead)
+	var changes int64
+	due := false
+	v.mu.Lock()
+	if err == nil {
+		seen, ok := v.seen[d.table]
+		switch {
+		case !ok:
+			seen.base = changed - min(dead, changed)
+		case vacuums != seen.vacuums || changed < seen.base:
+			// Vacuumed since the last reading (by any session), or the
+			// statistics were reset: the changes start again.
+			seen.base = changed
+		}
+		seen.vacuums = vacuums
+		v.seen[d.table] = seen
+		changes = changed - seen.base
+		due = changes >= d.changes
+	}
+	switch {
+	case v.pending[d.table] == dueVacuum:
+		// (A vacuum fell due meanwhile: it follows in due.)
+		due = false
+	case due:
+		v.pending[d.table] = dueVacuum
+		v.claimed[d.table] = 0
+	default:
+		delete(v.pending, d.table)
+	}
+	probed := v.probed
+	v.mu.Unlock()
+	switch {
+	case err != nil:
+		if v.ctx.Err() == nil {
+			v.c.log.Debug("reading a table's statistics failed; the rows this coordinator claims still make it due", "table", d.table, "error", err)
+		}
+	default:
+		v.c.log.Debug("read a table's changes since its last vacuum", "table", d.table, "changes", changes, "vacuum_at", d.changes, "vacuum_now", due)
+	}
+	if probed != nil {
+		probed(d.table, changes, err)
+	}
+	return due
+}
+
+// qualified is table's name in the schema, quoted as a vacuum names it.
+func (v *vacuumer) qualified(table string) string {
+	return `"` + v.c.opts.Schema + `".` + table
 }
 
 // vacuumSession is what the vacuums run on: a session of their own, or
@@ -276,7 +423,7 @@ var errMayNotVacuum = errors.New("the role may not vacuum the work tables")
 var errMigrating = errors.New("a migration holds the schema's migration lock")
 
 func (v *vacuumer) vacuum(s *vacuumSession, table string) error {
-	qualified := `"` + v.c.opts.Schema + `".` + table
+	qualified := v.qualified(table)
 	if err := v.mayVacuum(s, table, qualified); err != nil {
 		return err
 	}

@@ -20,13 +20,17 @@ import (
 // counts the connections taken from it and the sessions dialed.
 type vacDB struct {
 	may, free bool
-	deny      map[string]bool // qualified tables the role may not vacuum, whatever may says
-	release   chan struct{}   // a VACUUM waiting returns nil
-	fail      chan struct{}   // ... or an error
+	deny      map[string]bool           // qualified tables the role may not vacuum, whatever may says
+	stats     map[string]*tableStatsRow // qualified table: its statistics
+	probeGate chan struct{}             // when set, a reading of statistics waits for it
+	probeFail bool                      // a reading of statistics fails
+	release   chan struct{}             // a VACUUM waiting returns nil
+	fail      chan struct{}             // ... or an error
 	started   chan string
 
 	mu       sync.Mutex
 	checks   int
+	probes   int
 	vacuums  []string
 	stmts    []string // every statement, in order, prefixed by where it ran
 	conns    int      // taken and not yet given back
@@ -52,6 +56,21 @@ func (f *vacDB) query(where, sql string, args []any) (Rows, error) {
 		return &oneRow{v: f.free}, nil
 	case strings.Contains(sql, "pg_advisory_unlock_shared"):
 		return &oneRow{v: true}, nil
+	case strings.Contains(sql, "pg_stat_get_dead_tuples"):
+		f.probes++
+		if gate := f.probeGate; gate != nil {
+			f.mu.Unlock()
+			<-gate
+			f.mu.Lock()
+		}
+		if f.probeFail {
+			return nil, errors.New("vacDB: statistics unavailable")
+		}
+		st := f.stats[args[0].(string)]
+		if st == nil {
+			st = &tableStatsRow{}
+		}
+		return &statsRow{v: *st}, nil
 	}
 	f.checks++
 	if len(args) == 1 {
@@ -167,6 +186,28 @@ func (r *oneRow) Scan(dest ...any) error {
 }
 func (r *oneRow) Err() error   { return nil }
 func (r *oneRow) Close() error { return nil }
+
+// tableStatsRow is a table's statistics as a probe reads them.
+type tableStatsRow struct{ changed, vacuums, dead int64 }
+
+type statsRow struct {
+	v    tableStatsRow
+	read bool
+}
+
+func (r *statsRow) Next() bool {
+	if r.read {
+		return false
+	}
+	r.read = true
+	return true
+}
+func (r *statsRow) Scan(dest ...any) error {
+	*dest[0].(*int64), *dest[1].(*int64), *dest[2].(*int64) = r.v.changed, r.v.vacuums, r.v.dead
+	return nil
+}
+func (r *statsRow) Err() error   { return nil }
+func (r *statsRow) Close() error { return nil }
 
 func rowsOf(cat driver.Category, n int) []driver.Work {
 	w := make([]driver.Work, n)
@@ -299,6 +340,12 @@ func TestVacuumAfterClaimedRows(t *testing.T) {
 		t.Fatalf("at most %d pool connections at once, %d sessions; want 1 and none (the core opens no sessions)", db.maxConns, db.sessions)
 	}
 	for _, s := range db.stmts {
+		if strings.Contains(s, "pg_stat_get_dead_tuples") {
+			if !strings.HasPrefix(s, "pool: ") {
+				t.Fatalf("statement %q: want the readings of dead row versions on the pool, holding no connection", s)
+			}
+			continue
+		}
 		if !strings.HasPrefix(s, "conn: ") || strings.Contains(s, "advisory") && !strings.Contains(s, "pg_try_advisory_xact_lock_shared") {
 			t.Fatalf("statement %q: want each on the taken connection, and no session lock on a pool's connection", s)
 		}
@@ -521,8 +568,10 @@ func TestVacuumNotAllowed(t *testing.T) {
 		rows = append(rows, rowsOf(cat, 10)...)
 	}
 	c.vac.claimedRows(rows)
-	if err := <-done; !errors.Is(err, errMayNotVacuum) {
-		t.Fatalf("vacuum: %v, want errMayNotVacuum", err)
+	for range driver.Categories {
+		if err := <-done; !errors.Is(err, errMayNotVacuum) {
+			t.Fatalf("vacuum: %v, want errMayNotVacuum", err)
+		}
 	}
 	for range 5 {
 		c.vac.claimedRows(rows)
@@ -621,5 +670,169 @@ func TestVacuumOff(t *testing.T) {
 	}
 	if o.VacuumAfter != DefaultVacuumAfter {
 		t.Fatalf("default VacuumAfter = %d, want %d", o.VacuumAfter, DefaultVacuumAfter)
+	}
+}
+
+// probedCore is vacCore whose probes of statistics are reported too.
+func probedCore(t *testing.T, db *vacDB, after int) (*Core, chan error, chan string) {
+	t.Helper()
+	c, done := vacCore(t, db, after, true)
+	probed := make(chan string, 16)
+	c.vac.mu.Lock()
+	c.vac.probed = func(table string, changes int64, err error) { probed <- fmt.Sprint(table, " ", changes, " ", err) }
+	c.vac.mu.Unlock()
+	return c, done, probed
+}
+
+func expectProbe(t *testing.T, probed chan string, want string) {
+	t.Helper()
+	select {
+	case got := <-probed:
+		if got != want {
+			t.Fatalf("probe %q, want %q", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no probe, want %q", want)
+	}
+}
+
+// setStats sets what the statistics say of a table of schema s.
+func (f *vacDB) setStats(table string, changed, vacuums, dead int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stats == nil {
+		f.stats = map[string]*tableStatsRow{}
+	}
+	f.stats[`"s".`+table] = &tableStatsRow{changed: changed, vacuums: vacuums, dead: dead}
+}
+
+// TestVacuumWhenRowsChangedByEverySession: each time the coordinator has
+// claimed another eighth of VacuumAfter rows from a table, it reads the
+// table's statistics; when the rows updated and deleted since its last
+// vacuum, by any session, stand at two per VacuumAfter row (one per row
+// of a stream, VacuumAfter / 5 of them, for the ownership table), the
+// table is vacuumed then and the coordinator's own count starts again.
+// The first reading takes the dead row versions for the changes since the
+// last vacuum; a vacuum seen in the statistics, whoever ran it, starts the
+// changes again. Below the mark nothing is vacuumed, and the
+// coordinator's own count still makes the table due.
+func TestVacuumWhenRowsChangedByEverySession(t *testing.T) {
+	const vacOutbox, vacOwners = `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_active_streams`
+	db := newVacDB(true)
+	db.setStats("wp_outbox", 5000, 3, 1599)
+	c, done, probed := probedCore(t, db, 800)
+
+	// 99 rows: no eighth passed, no probe. The 100th: a probe, which takes
+	// the 1 599 dead versions for the changes: one short of 1 600.
+	c.vac.claimedRows(rowsOf(driver.Outbox, 99))
+	c.vac.claimedRows(rowsOf(driver.Outbox, 1))
+	expectProbe(t, probed, "wp_outbox 1599 <nil>")
+	workerEnded(t, c)
+	expectNoneStarted(t, db)
+
+	// One more change by anyone, and the next eighth vacuums it.
+	db.setStats("wp_outbox", 5001, 3, 1600)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 1600 <nil>")
+	expectStarted(t, db, vacOutbox)
+	// (The vacuum could remove none of them: an old snapshot sees them.)
+	db.setStats("wp_outbox", 5001, 4, 1600)
+	finish(t, db, done)
+
+	// Its count started again: 799 more rows, read at each eighth, vacuum
+	// nothing (the vacuum restarted the changes, whatever it left dead);
+	// the 800th does, by the count alone.
+	c.vac.claimedRows(rowsOf(driver.Outbox, 650))
+	expectProbe(t, probed, "wp_outbox 0 <nil>")
+	workerEnded(t, c)
+	db.setStats("wp_outbox", 6600, 4, 3199)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 149))
+	expectProbe(t, probed, "wp_outbox 1599 <nil>")
+	workerEnded(t, c)
+	expectNoneStarted(t, db)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 1))
+	expectStarted(t, db, vacOutbox)
+	finish(t, db, done)
+
+	// Statistics reset: the counter fell below the mark, and the changes
+	// start again from there.
+	db.setStats("wp_outbox", 10, 0, 10)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 0 <nil>")
+	workerEnded(t, c)
+	expectNoneStarted(t, db)
+
+	// The ownership table: an eighth of its 160 is 20 rows of streams, and
+	// 160 changes make it due.
+	db.setStats("wp_active_streams", 160, 0, 160)
+	w := rowsOf(driver.Inbox, 20)
+	for i := range w {
+		w[i].StreamID = fmt.Sprint("s", i)
+	}
+	c.vac.claimedRows(w)
+	expectProbe(t, probed, "wp_active_streams 160 <nil>")
+	expectStarted(t, db, vacOwners)
+	finish(t, db, done)
+	workerEnded(t, c)
+	expectNoneStarted(t, db)
+	if _, vacuums := db.counts(); len(vacuums) != 3 {
+		t.Fatalf("vacuums %q, want 3", vacuums)
+	}
+}
+
+// TestVacuumProbeGivesWayToItsCount: a vacuum that the coordinator's own
+// count makes due while the table's probe runs is queued, and the probe,
+// whatever it reads, vacuums nothing itself: the table is vacuumed once.
+// A probe that cannot read the statistics vacuums nothing and counts as no
+// failure.
+func TestVacuumProbeGivesWayToItsCount(t *testing.T) {
+	db := newVacDB(true)
+	db.setStats("wp_outbox", 1<<40, 0, 1<<40)
+	db.probeGate = make(chan struct{})
+	c, done, probed := probedCore(t, db, 800)
+
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	waitProbing(t, db, 1)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 700))
+	close(db.probeGate)
+	expectProbe(t, probed, fmt.Sprint("wp_outbox ", int64(1<<40), " <nil>"))
+	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+	finish(t, db, done)
+	workerEnded(t, c)
+	expectNoneStarted(t, db)
+
+	db.mu.Lock()
+	db.probeFail = true
+	db.mu.Unlock()
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 0 vacDB: statistics unavailable")
+	workerEnded(t, c)
+	expectNoneStarted(t, db)
+	c.vac.mu.Lock()
+	failures, claimed := c.vac.failures["wp_outbox"], c.vac.claimed["wp_outbox"]
+	c.vac.mu.Unlock()
+	if failures != 0 || claimed != 100 {
+		t.Fatalf("after an unreadable probe: %d failures, %d rows counted; want 0 and 100", failures, claimed)
+	}
+	if _, vacuums := db.counts(); len(vacuums) != 1 {
+		t.Fatalf("vacuums %q, want 1", vacuums)
+	}
+}
+
+// waitProbing returns once n readings of statistics have begun.
+func waitProbing(t *testing.T, db *vacDB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		db.mu.Lock()
+		got := db.probes
+		db.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d readings of statistics began, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/internal/pgtest"
 	"github.com/workpump/workpump/migrations"
 )
@@ -179,3 +180,119 @@ func TestVacuumSkippedWhileMigrating(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestVacuumCountsOtherProcessesRows: a coordinator vacuums a work table
+// once the table's statistics show two changed rows per VacuumAfter row
+// since its last vacuum, whoever changed them, though it claimed far fewer
+// rows itself. Here another process's coordinator, which never vacuums,
+// claimed and completed the rows; the first probe, before it did, read
+// too few and vacuumed nothing.
+func TestVacuumCountsOtherProcessesRows(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var logs bytes.Buffer
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	})})
+	base := newTestCoordinator(t, false, nil, 0)
+	c := reopen(t, base, func(o *Options) { o.VacuumAfter = 200; o.Logger = logger })
+	defer c.Close()
+	before := vacuumCounts(t, c.Schema())
+	inst := uuid.Must(uuid.NewV7())
+	register(t, c, inst)
+	enqueueStreams(t, c, 400)
+	probes := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Count(logs.String(), "read a table's changes since its last vacuum: table=wp_outbox")
+	}
+	waitProbes := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for probes() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d probes of wp_outbox logged within 30 s, want %d; log:\n%s", probes(), n, logs.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// An eighth of VacuumAfter: a probe, which finds too few changes.
+	if res, err := c.ClaimWork(ctx, outboxClaim(inst, 25)); err != nil || len(res.Work) != 25 {
+		t.Fatalf("claim: %d rows, %v; want 25", len(res.Work), err)
+	}
+	waitProbes(1)
+	probeSaid := func(n int, want string) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		lines := strings.Split(logs.String(), "\n")
+		var probed []string
+		for _, l := range lines {
+			if strings.Contains(l, "read a table's changes since its last vacuum: table=wp_outbox") {
+				probed = append(probed, l)
+			}
+		}
+		if len(probed) < n || !strings.Contains(probed[n-1], want) {
+			t.Fatalf("probe %d of wp_outbox: want %q in its log line; log:\n%s", n, want, logs.String())
+		}
+	}
+	probeSaid(1, "vacuum_at=400 vacuum_now=false")
+	if got := pgtest.VacuumCount(t, c.Schema(), "wp_outbox") - before["wp_outbox"]; got != 0 {
+		t.Fatalf("wp_outbox vacuumed %d times after 25 rows of its own, want 0", got)
+	}
+
+	// Another process (its own pool) claims and completes 200 rows; its
+	// sessions' statistics reach the server when they end.
+	pool, err := pgxpool.NewWithConfig(ctx, pgtest.Config(t, pgx.QueryExecModeCacheStatement))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := New(pool, Options{Schema: c.Schema(), VacuumAfter: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := other.ClaimWork(ctx, outboxClaim(inst, 200))
+	if err != nil || len(res.Work) != 200 {
+		t.Fatalf("other process's claim: %d rows, %v; want 200", len(res.Work), err)
+	}
+	refs := make([]driver.Ref, len(res.Work))
+	for i, w := range res.Work {
+		refs[i] = w.Ref()
+	}
+	if ack, err := other.Complete(ctx, inst, refs); err != nil || ack.Applied != 200 {
+		t.Fatalf("other process's completion: %+v, %v; want 200 applied", ack, err)
+	}
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var changed int64
+		if err := c.Pool().QueryRow(ctx, `SELECT pg_stat_get_tuples_updated($1::text::regclass) + pg_stat_get_tuples_deleted($1::text::regclass)`,
+			`"`+c.Schema()+`".wp_outbox`).Scan(&changed); err != nil {
+			t.Fatal(err)
+		}
+		if changed >= 425 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the statistics show %d rows of wp_outbox updated or deleted after 30 s, want at least 425", changed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// The next eighth: a probe, which vacuums the table (its own count is
+	// 50 of 200).
+	if res, err := c.ClaimWork(ctx, outboxClaim(inst, 25)); err != nil || len(res.Work) != 25 {
+		t.Fatalf("claim: %d rows, %v; want 25", len(res.Work), err)
+	}
+	waitVacuumed(t, c.Schema(), "wp_outbox", before, 1)
+	probeSaid(2, "vacuum_now=true")
+	if probes() != 2 {
+		t.Fatalf("%d probes of wp_outbox logged, want 2; log:\n%s", probes(), logs.String())
+	}
+}
