@@ -93,6 +93,39 @@ func TestPump_StartWaitsForTheSchema(t *testing.T) {
 	})
 }
 
+// A pump whose Start found the schema ready checks it once: its claim
+// loop does not check again before claiming (a check deparses every
+// function of the schema, and every pump start paid for it twice), with
+// or without FailOnSchemaNotReady.
+func TestPump_StartChecksAReadySchemaOnce(t *testing.T) {
+	for _, failFast := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			s := newSchemaStore(nil)
+			opts := quietOptions()
+			opts.Claim.FailOnSchemaNotReady = failFast
+			p, err := workpump.New(s, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Handle(workpump.Outbox, "", func(context.Context, workpump.Work) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			ids, err := p.Enqueue(t.Context(), workpump.NewWork{Category: workpump.Outbox, StreamID: "s", Name: "billing"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 5*time.Second, "the item handled", func() bool { return rowGone(s.Store, workpump.Outbox, ids[0]) })
+			stop(t, p)
+			if n := s.checks.Load(); n != 1 {
+				t.Errorf("FailOnSchemaNotReady=%v: %d schema checks, want Start's one", failFast, n)
+			}
+		})
+	}
+}
+
 // With Claim.FailOnSchemaNotReady, Start fails on a schema not ready and
 // leaves nothing running or registered.
 func TestPump_FailOnSchemaNotReady(t *testing.T) {

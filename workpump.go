@@ -154,10 +154,11 @@ func (p *Pump) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := p.checkSchema(ctx); err != nil {
+	ready, err := p.checkSchema(ctx)
+	if err != nil {
 		return err
 	}
-	if err := p.build(ctx, cats); err != nil {
+	if err := p.build(ctx, cats, ready); err != nil {
 		p.teardown(ctx)
 		return err
 	}
@@ -173,21 +174,22 @@ func (p *Pump) Start(ctx context.Context) error {
 // waits, checking again with backoff, until the schema is ready. Any other
 // error fails Start: a schema recording another partition count
 // (ErrSchemaMismatch) would break per-stream order silently, and a store
-// that cannot be reached is better reported at once.
-func (p *Pump) checkSchema(ctx context.Context) error {
+// that cannot be reached is better reported at once. ready reports that
+// the check passed, so the claim loop need not run it again.
+func (p *Pump) checkSchema(ctx context.Context) (ready bool, err error) {
 	sc, ok := p.coord.(driver.SchemaChecker)
 	if !ok {
-		return nil
+		return false, nil
 	}
-	err := sc.CheckSchema(ctx)
+	err = sc.CheckSchema(ctx)
 	if err == nil {
-		return nil
+		return true, nil
 	}
 	if errors.Is(err, ErrSchemaNotReady) && !p.opts.Claim.FailOnSchemaNotReady {
 		p.log.Warn("store schema not ready; the pump starts and claims once it is installed", "error", err)
-		return nil
+		return false, nil
 	}
-	return opErr("Start", err)
+	return false, opErr("Start", err)
 }
 
 // claimedCategories returns the categories the pump claims, or the error
@@ -209,7 +211,9 @@ func (p *Pump) claimedCategories(op string) ([]Category, error) {
 	return (driver.ClaimRequest{Categories: cats}).CategoriesOrAll(), nil
 }
 
-func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
+// build makes the pump's parts and starts them. schemaReady: Start's own
+// schema check passed, so the claim loop claims without checking again.
+func (p *Pump) build(ctx context.Context, cats []driver.Category, schemaReady bool) error {
 	o := p.opts
 	var signals loops.SignalSource
 	var lock loops.AliveLock
@@ -317,6 +321,9 @@ func (p *Pump) build(ctx context.Context, cats []driver.Category) error {
 		}
 	}
 	p.disp.start()
+	if schemaReady {
+		return p.claim.StartReady(ctx)
+	}
 	return p.claim.Start(ctx)
 }
 

@@ -260,12 +260,22 @@ func NewClaimWorker(cfg ClaimConfig) (*ClaimWorker, error) {
 // whose schema is not ready it returns that error (the worker stays
 // unstarted). Idempotent; ErrStopped after Stop.
 func (w *ClaimWorker) Start(ctx context.Context) error {
+	return w.start(ctx, false)
+}
+
+// StartReady is Start for a caller whose own schema check of the store has
+// just passed: the worker does not check the schema again before its first
+// claim (a check deparses every function of the schema).
+func (w *ClaimWorker) StartReady(ctx context.Context) error {
+	return w.start(ctx, true)
+}
+
+func (w *ClaimWorker) start(ctx context.Context, checked bool) error {
 	if w.opts.Disabled {
 		_, err := w.life.start(ctx, nil)
 		return err
 	}
-	checked := false
-	if w.opts.FailOnSchemaNotReady && w.schema != nil {
+	if !checked && w.opts.FailOnSchemaNotReady && w.schema != nil {
 		if err := w.schema.CheckSchema(ctx); err != nil {
 			return workerErr("claim worker: not starting (FailOnSchemaNotReady)", err)
 		}
