@@ -41,7 +41,10 @@ const probeShare = 8
 // completion; a claimed stream's ownership row is deleted by its settle
 // (its insert leaves no dead version). A table whose statistics show this
 // many changes per row of its count since its last vacuum is due as if
-// the coordinator had claimed those rows itself.
+// the coordinator had claimed those rows itself. Renewals, failures,
+// releases, purges and claims of streams already owned change rows too,
+// so where they are many a table falls due sooner, at most once per
+// probe (an eighth of the count).
 const (
 	changesPerWorkRow   = 2
 	changesPerStreamRow = 1
@@ -75,18 +78,20 @@ const vacuumAppName = "workpump-vacuum"
 // had claimed several times as many rows, and a process that restarts
 // before it reaches its count (a rolling deploy) would never vacuum. So
 // each time the coordinator has claimed another 1/probeShare of a table's
-// count, it reads the table's statistics on a pool connection: its rows
-// updated and deleted, and its vacuums (manual or automatic), counters
-// that every session's committed writes feed with a lag of about a
-// second. Changes since the last vacuum it saw, whoever made them, that
-// stand at the count's worth (changesPerWorkRow, changesPerStreamRow)
+// count, it reads the table's statistics: its rows updated and deleted,
+// and its vacuums (manual or automatic), counters that every session's
+// writes feed (a busy session about once a second, an idle one within
+// seconds more). Changes since the last vacuum it saw, whoever made them,
+// that stand at the count's worth (changesPerWorkRow, changesPerStreamRow)
 // make the table due then. A table's first reading counts its dead row
-// versions as the changes since its last vacuum. Counting changes rather
-// than dead versions keeps a vacuum from being repeated at every reading
-// when the versions it could not remove (an old snapshot still sees them)
-// stay; a vacuum another process ran restarts the changes at the next
-// reading. With the server's statistics off the readings stay 0 and the
-// coordinator's own count alone decides.
+// versions as the changes since its last vacuum; the changes start again
+// from the reading that makes the table due, and from the first reading
+// that shows a vacuum another session ran. Counting changes rather than
+// dead versions keeps a vacuum from being repeated at every reading when
+// the versions it could not remove (an old snapshot still sees them) stay.
+// With the server's statistics off (track_counts) the counters stand
+// still, and the coordinator's own count alone decides. The reading runs
+// on what the worker holds for its vacuums, else on a pool connection.
 //
 // One vacuum runs at a time per coordinator, and tables that fall due
 // meanwhile wait their turn. A table's count starts again when it falls
@@ -263,8 +268,15 @@ func (v *vacuumer) work() {
 			continue
 		}
 		v.mu.Unlock()
-		if d.kind == dueProbe && !v.probe(d) {
-			continue
+		if d.kind == dueProbe {
+			due := v.probe(d, s)
+			if s != nil && s.broken {
+				s.end()
+				s = nil
+			}
+			if !due {
+				continue
+			}
 		}
 
 		var err error
@@ -303,18 +315,33 @@ func (v *vacuumer) work() {
 	}
 }
 
-// probe reads d's table's statistics on a pool connection and reports
-// whether its changes since its last vacuum make it due now; then the
-// table is pending as a vacuum and its count starts again, as when the
-// count made it due.
-func (v *vacuumer) probe(d dueTable) bool {
+// probe reads d's table's statistics and reports whether its changes since
+// its last vacuum make it due now; then the table is pending as a vacuum,
+// its count starts again, as when the count made it due, and so do its
+// changes, from this reading. The reading runs on s, what the worker
+// holds for its vacuums, when it holds one, else on the pool: a worker
+// that held a pool connection and asked the pool for another could wait
+// for itself on a pool of one, and would take one more connection than
+// the vacuums are documented to.
+func (v *vacuumer) probe(d dueTable, s *vacuumSession) bool {
+	var q Querier = v.c.db
+	ph := v.c.d.ph
+	if s != nil {
+		q = s.q
+		if s.own != nil {
+			ph = dollar
+		}
+	}
 	var changed, vacuums, dead int64
-	_, err := queryRow(v.ctx, v.c.db,
+	_, err := queryRow(v.ctx, q,
 		`SELECT pg_stat_get_tuples_updated(t.o) + pg_stat_get_tuples_deleted(t.o),
 		        pg_stat_get_vacuum_count(t.o) + pg_stat_get_autovacuum_count(t.o),
 		        pg_stat_get_dead_tuples(t.o)
-		   FROM (SELECT `+v.c.d.ph(1)+`::text::regclass::oid AS o) t`,
+		   FROM (SELECT `+ph(1)+`::text::regclass::oid AS o) t`,
 		[]any{v.qualified(d.table)}, &changed, &vacuums, &dead)
+	if err != nil && s != nil {
+		s.broken = true
+	}
 	var changes int64
 	due := false
 	v.mu.Lock()
@@ -329,9 +356,16 @@ func (v *vacuumer) probe(d dueTable) bool {
 			seen.base = changed
 		}
 		seen.vacuums = vacuums
-		v.seen[d.table] = seen
 		changes = changed - seen.base
 		due = changes >= d.changes
+		if due {
+			// (The vacuum this reading starts restarts the changes even
+			// where it will not show in the statistics: counters that
+			// stand still, with track_counts turned off, would otherwise
+			// make every later reading due again.)
+			seen.base = changed
+		}
+		v.seen[d.table] = seen
 	}
 	switch {
 	case v.pending[d.table] == dueVacuum:

@@ -97,7 +97,18 @@ func (f *vacDB) exec(ctx context.Context, where, sql string) error {
 	}
 }
 
+// Query takes a connection of the pool for its time (counted in conns and
+// maxConns, as a pool's Query holds one until its rows are read).
 func (f *vacDB) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
+	f.mu.Lock()
+	f.conns++
+	f.maxConns = max(f.maxConns, f.conns)
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.conns--
+		f.mu.Unlock()
+	}()
 	return f.query("pool", sql, args)
 }
 func (f *vacDB) Exec(ctx context.Context, sql string, args ...any) error {
@@ -341,10 +352,7 @@ func TestVacuumAfterClaimedRows(t *testing.T) {
 	}
 	for _, s := range db.stmts {
 		if strings.Contains(s, "pg_stat_get_dead_tuples") {
-			if !strings.HasPrefix(s, "pool: ") {
-				t.Fatalf("statement %q: want the readings of dead row versions on the pool, holding no connection", s)
-			}
-			continue
+			continue // (probes: see TestVacuumProbeOnWhatTheWorkerHolds)
 		}
 		if !strings.HasPrefix(s, "conn: ") || strings.Contains(s, "advisory") && !strings.Contains(s, "pg_try_advisory_xact_lock_shared") {
 			t.Fatalf("statement %q: want each on the taken connection, and no session lock on a pool's connection", s)
@@ -713,54 +721,68 @@ func (f *vacDB) setStats(table string, changed, vacuums, dead int64) {
 // of a stream, VacuumAfter / 5 of them, for the ownership table), the
 // table is vacuumed then and the coordinator's own count starts again.
 // The first reading takes the dead row versions for the changes since the
-// last vacuum; a vacuum seen in the statistics, whoever ran it, starts the
-// changes again. Below the mark nothing is vacuumed, and the
-// coordinator's own count still makes the table due.
+// last vacuum. The changes start again from the reading that made the
+// table due (whether or not the vacuum shows in the statistics), from a
+// reading that shows another vacuum, whoever ran it, and from one whose
+// counter went back (statistics reset). Below the mark nothing is
+// vacuumed, and the coordinator's own count still makes the table due.
 func TestVacuumWhenRowsChangedByEverySession(t *testing.T) {
 	const vacOutbox, vacOwners = `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_active_streams`
 	db := newVacDB(true)
 	db.setStats("wp_outbox", 5000, 3, 1599)
 	c, done, probed := probedCore(t, db, 800)
+	noVacuum := func() {
+		t.Helper()
+		workerEnded(t, c)
+		expectNoneStarted(t, db)
+	}
 
 	// 99 rows: no eighth passed, no probe. The 100th: a probe, which takes
 	// the 1 599 dead versions for the changes: one short of 1 600.
 	c.vac.claimedRows(rowsOf(driver.Outbox, 99))
 	c.vac.claimedRows(rowsOf(driver.Outbox, 1))
 	expectProbe(t, probed, "wp_outbox 1599 <nil>")
-	workerEnded(t, c)
-	expectNoneStarted(t, db)
+	noVacuum()
 
 	// One more change by anyone, and the next eighth vacuums it.
 	db.setStats("wp_outbox", 5001, 3, 1600)
 	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
 	expectProbe(t, probed, "wp_outbox 1600 <nil>")
 	expectStarted(t, db, vacOutbox)
-	// (The vacuum could remove none of them: an old snapshot sees them.)
-	db.setStats("wp_outbox", 5001, 4, 1600)
 	finish(t, db, done)
 
-	// Its count started again: 799 more rows, read at each eighth, vacuum
-	// nothing (the vacuum restarted the changes, whatever it left dead);
-	// the 800th does, by the count alone.
-	c.vac.claimedRows(rowsOf(driver.Outbox, 650))
+	// The counters stand still (track_counts turned off: the vacuum does
+	// not show either): the changes started again at the reading that
+	// made it due, so the next reading finds none.
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
 	expectProbe(t, probed, "wp_outbox 0 <nil>")
-	workerEnded(t, c)
-	db.setStats("wp_outbox", 6600, 4, 3199)
-	c.vac.claimedRows(rowsOf(driver.Outbox, 149))
+	noVacuum()
+
+	// Another session vacuumed it, and rows changed before that: a reading
+	// that shows the vacuum starts the changes again.
+	db.setStats("wp_outbox", 9000, 4, 50)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 0 <nil>")
+	noVacuum()
+	db.setStats("wp_outbox", 10599, 4, 1650)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
 	expectProbe(t, probed, "wp_outbox 1599 <nil>")
-	workerEnded(t, c)
-	expectNoneStarted(t, db)
+	noVacuum()
+
+	// The coordinator's own count: 800 rows since its last vacuum.
+	c.vac.claimedRows(rowsOf(driver.Outbox, 499))
+	expectProbe(t, probed, "wp_outbox 1599 <nil>")
+	noVacuum()
 	c.vac.claimedRows(rowsOf(driver.Outbox, 1))
 	expectStarted(t, db, vacOutbox)
 	finish(t, db, done)
 
-	// Statistics reset: the counter fell below the mark, and the changes
-	// start again from there.
-	db.setStats("wp_outbox", 10, 0, 10)
+	// Statistics reset (the vacuum count too was 4 before): the counter
+	// went back, and the changes start again from there.
+	db.setStats("wp_outbox", 10, 4, 10)
 	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
 	expectProbe(t, probed, "wp_outbox 0 <nil>")
-	workerEnded(t, c)
-	expectNoneStarted(t, db)
+	noVacuum()
 
 	// The ownership table: an eighth of its 160 is 20 rows of streams, and
 	// 160 changes make it due.
@@ -773,10 +795,83 @@ func TestVacuumWhenRowsChangedByEverySession(t *testing.T) {
 	expectProbe(t, probed, "wp_active_streams 160 <nil>")
 	expectStarted(t, db, vacOwners)
 	finish(t, db, done)
-	workerEnded(t, c)
-	expectNoneStarted(t, db)
+	noVacuum()
 	if _, vacuums := db.counts(); len(vacuums) != 3 {
 		t.Fatalf("vacuums %q, want 3", vacuums)
+	}
+}
+
+// TestVacuumProbeSpacedOutByFailures: after a failed vacuum a table waits
+// for twice the changes, as for twice the rows, while its probes still
+// come every eighth of VacuumAfter.
+func TestVacuumProbeSpacedOutByFailures(t *testing.T) {
+	db := newVacDB(true)
+	db.setStats("wp_outbox", 0, 0, 0)
+	c, done, probed := probedCore(t, db, 800)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 800))
+	<-db.started
+	db.fail <- struct{}{}
+	if err := <-done; err == nil {
+		t.Fatal("vacuum succeeded, want a failure")
+	}
+	db.setStats("wp_outbox", 3199, 0, 3199)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 3199 <nil>")
+	workerEnded(t, c)
+	expectNoneStarted(t, db)
+	db.setStats("wp_outbox", 3200, 0, 3200)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 3200 <nil>")
+	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+	finish(t, db, done)
+}
+
+// TestVacuumProbeOnWhatTheWorkerHolds: a probe that follows a vacuum in
+// the same round reads the statistics on what the worker holds for its
+// vacuums: the pool connection it took (never a second one, which on a
+// pool of one it would wait for forever), or its own session; a probe with
+// nothing held asks the pool.
+func TestVacuumProbeOnWhatTheWorkerHolds(t *testing.T) {
+	for _, dial := range []bool{false, true} {
+		db := newVacDB(true)
+		db.probeGate = make(chan struct{})
+		c, done := vacCore(t, db, 800, dial)
+		probed := make(chan string, 16)
+		c.vac.mu.Lock()
+		c.vac.probed = func(table string, changes int64, err error) { probed <- fmt.Sprint(table, " ", changes, " ", err) }
+		c.vac.mu.Unlock()
+
+		// Alone, a probe asks the pool.
+		c.vac.claimedRows(rowsOf(driver.Inbox, 100))
+		close(db.probeGate)
+		expectProbe(t, probed, "wp_inbox 0 <nil>")
+		workerEnded(t, c)
+		// Behind a vacuum: on what the vacuum ran on.
+		c.vac.claimedRows(append(rowsOf(driver.Outbox, 800), rowsOf(driver.Inbox, 100)...))
+		expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+		finish(t, db, done)
+		expectProbe(t, probed, "wp_inbox 0 <nil>")
+		workerEnded(t, c)
+
+		db.mu.Lock()
+		var probes []string
+		for _, st := range db.stmts {
+			if strings.Contains(st, "pg_stat_get_dead_tuples") {
+				probes = append(probes, st[:strings.Index(st, ":")]+" "+st[strings.Index(st, "::text::regclass")-2:strings.Index(st, "::text::regclass")])
+			}
+		}
+		maxConns := db.maxConns
+		db.mu.Unlock()
+		want := []string{"pool $1", "conn $1"}
+		if dial {
+			want = []string{"pool $1", "session $1"}
+		}
+		if !slices.Equal(probes, want) {
+			t.Errorf("dial=%v: probes ran on %q, want %q", dial, probes, want)
+		}
+		if !dial && maxConns != 1 {
+			t.Errorf("at most %d pool connections at once, want 1", maxConns)
+		}
 	}
 }
 

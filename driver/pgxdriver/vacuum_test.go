@@ -296,3 +296,50 @@ func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 		t.Fatalf("%d probes of wp_outbox logged, want 2; log:\n%s", probes(), logs.String())
 	}
 }
+
+// TestVacuumAndProbeOnAPoolOfOne: on a pool of one connection without
+// sessions of its own (simple protocol), one claim makes the outbox's
+// vacuum due and the inbox's probe; the probe reads the statistics on the
+// connection the vacuum ran on, so it does not wait for a second one, and
+// the next claim gets the connection.
+func TestVacuumAndProbeOnAPoolOfOne(t *testing.T) {
+	ctx := context.Background()
+	base := newTestCoordinator(t, true, nil, 0)
+	cfg := pgtest.Config(t, pgx.QueryExecModeSimpleProtocol)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	c, err := New(pool, Options{Schema: base.Schema(), VacuumAfter: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	before := vacuumCounts(t, c.Schema())
+	inst := uuid.Must(uuid.NewV7())
+	register(t, c, inst)
+	var items []driver.NewWork
+	for i := range 40 {
+		items = append(items, driver.NewWork{Category: driver.Outbox, Name: "n", MessageType: "T", Payload: []byte("p")})
+		if i < 2 {
+			items = append(items, driver.NewWork{Category: driver.Inbox, ID: uuid.Must(uuid.NewV7()), Name: "n", MessageType: "T", Payload: []byte("p")})
+		}
+	}
+	if _, err := c.Enqueue(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	req := driver.ClaimRequest{InstanceID: inst, Categories: []driver.Category{driver.Outbox, driver.Inbox}, Lease: time.Minute, MaxPerCategory: 16}
+	res, err := c.ClaimWork(ctx, req)
+	if err != nil || len(res.Work) != 18 || res.Work[0].Category != driver.Outbox || res.Work[17].Category != driver.Inbox {
+		t.Fatalf("claim: %d rows, %v; want 16 outbox rows, then 2 inbox rows", len(res.Work), err)
+	}
+	waitVacuumed(t, c.Schema(), "wp_outbox", before, 1)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req.MaxPerCategory = 1
+	if _, err := c.ClaimWork(cctx, req); err != nil {
+		t.Fatalf("a claim after the vacuum and the probe: %v (want the connection back from the vacuums)", err)
+	}
+}
