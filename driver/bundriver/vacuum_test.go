@@ -43,3 +43,58 @@ func TestClaimsVacuumTheirTable(t *testing.T) {
 		})
 	}
 }
+
+// TestVacuumCountsOtherSessionsRows: on every bun set-up, a coordinator
+// reads a work table's statistics through bun's client an eighth of
+// VacuumAfter rows in, and vacuums it when the table's changes stand at
+// two per VacuumAfter row, though it claimed far fewer itself: here
+// another session deleted the rows.
+func TestVacuumCountsOtherSessionsRows(t *testing.T) {
+	for _, setup := range []string{setupPgx, setupPgxCached, setupPgdriver} {
+		t.Run(setup, func(t *testing.T) {
+			ctx := context.Background()
+			schema := pgtest.CleanSchema(t)
+			before := pgtest.VacuumCount(t, schema, "wp_inbox")
+			c := newCoordinator(t, setup, bundriver.Options{Schema: schema, VacuumAfter: 200, DisableListener: true})
+			id := registered(t, c)
+			items := make([]driver.NewWork, 450)
+			for i := range items {
+				items[i] = driver.NewWork{Category: driver.Inbox, StreamID: fmt.Sprint("s", i)}
+			}
+			if _, err := c.Enqueue(ctx, items); err != nil {
+				t.Fatal(err)
+			}
+			// Another session deletes 425 of them: 425 changes, and as many
+			// dead row versions, which this coordinator's first reading
+			// counts as the changes since the table's last vacuum.
+			other := pgtest.Pool(t)
+			if _, err := other.Exec(ctx, fmt.Sprintf(`DELETE FROM %q.wp_inbox WHERE seq > (SELECT min(seq) + 24 FROM %q.wp_inbox)`, schema, schema)); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				var dead int64
+				if err := other.QueryRow(ctx, `SELECT pg_stat_get_dead_tuples($1::text::regclass)`, fmt.Sprintf("%q.wp_inbox", schema)).Scan(&dead); err != nil {
+					t.Fatal(err)
+				}
+				if dead >= 400 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the statistics show %d dead row versions in wp_inbox after 30 s, want at least 400", dead)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Lease: time.Minute, MaxPerCategory: 25})
+			if err != nil || len(res.Work) != 25 {
+				t.Fatalf("claim: %d rows, %v; want 25", len(res.Work), err)
+			}
+			for pgtest.VacuumCount(t, schema, "wp_inbox")-before != 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("wp_inbox not vacuumed within 30 s of the claim whose probe found it due")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
