@@ -19,6 +19,23 @@ import (
 
 var workTables = []string{"wp_outbox", "wp_inbox", "wp_perspective_events", "wp_receptor_processing"}
 
+// debugLog returns a logger at debug level and a function that returns
+// what it has logged so far.
+func debugLog() (hclog.Logger, func() string) {
+	var mu sync.Mutex
+	var logs bytes.Buffer
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	})})
+	return logger, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.String()
+	}
+}
+
 // vacuumed are the tables whose vacuums the tests count: the work tables
 // and the ownership table.
 var vacuumed = append(workTables[:len(workTables):len(workTables)], "wp_active_streams")
@@ -126,13 +143,7 @@ func TestVacuumLeavesThePoolAlone(t *testing.T) {
 // that); once the lock is free the next one runs.
 func TestVacuumSkippedWhileMigrating(t *testing.T) {
 	ctx := context.Background()
-	var mu sync.Mutex
-	var logs bytes.Buffer
-	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.Write(p)
-	})})
+	logger, logs := debugLog()
 	c := reopen(t, newTestCoordinator(t, false, nil, 0), func(o *Options) { o.VacuumAfter = 20; o.Logger = logger })
 	defer c.Close()
 	before := vacuumCounts(t, c.Schema())
@@ -154,14 +165,12 @@ func TestVacuumSkippedWhileMigrating(t *testing.T) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		mu.Lock()
-		skipped := strings.Contains(logs.String(), "vacuum skipped: a migration")
-		mu.Unlock()
+		skipped := strings.Contains(logs(), "vacuum skipped: a migration")
 		if skipped {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no skipped vacuum logged within 30 s; log:\n%s", logs.String())
+			t.Fatalf("no skipped vacuum logged within 30 s; log:\n%s", logs())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -189,13 +198,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 // too few and vacuumed nothing.
 func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 	ctx := context.Background()
-	var mu sync.Mutex
-	var logs bytes.Buffer
-	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.Write(p)
-	})})
+	logger, logs := debugLog()
 	base := newTestCoordinator(t, false, nil, 0)
 	c := reopen(t, base, func(o *Options) { o.VacuumAfter = 200; o.Logger = logger })
 	defer c.Close()
@@ -204,16 +207,14 @@ func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 	register(t, c, inst)
 	enqueueStreams(t, c, 400)
 	probes := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return strings.Count(logs.String(), "read a table's changes since its last vacuum: table=wp_outbox")
+		return strings.Count(logs(), "read a table's changes since its last vacuum: table=wp_outbox")
 	}
 	waitProbes := func(n int) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for probes() < n {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d probes of wp_outbox logged within 30 s, want %d; log:\n%s", probes(), n, logs.String())
+				t.Fatalf("%d probes of wp_outbox logged within 30 s, want %d; log:\n%s", probes(), n, logs())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -226,9 +227,7 @@ func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 	waitProbes(1)
 	probeSaid := func(n int, want string) {
 		t.Helper()
-		mu.Lock()
-		defer mu.Unlock()
-		lines := strings.Split(logs.String(), "\n")
+		lines := strings.Split(logs(), "\n")
 		var probed []string
 		for _, l := range lines {
 			if strings.Contains(l, "read a table's changes since its last vacuum: table=wp_outbox") {
@@ -236,7 +235,7 @@ func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 			}
 		}
 		if len(probed) < n || !strings.Contains(probed[n-1], want) {
-			t.Fatalf("probe %d of wp_outbox: want %q in its log line; log:\n%s", n, want, logs.String())
+			t.Fatalf("probe %d of wp_outbox: want %q in its log line; log:\n%s", n, want, logs())
 		}
 	}
 	probeSaid(1, "vacuum_at=400 vacuum_now=false")
@@ -293,7 +292,7 @@ func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 	waitVacuumed(t, c.Schema(), "wp_outbox", before, 1)
 	probeSaid(2, "vacuum_now=true")
 	if probes() != 2 {
-		t.Fatalf("%d probes of wp_outbox logged, want 2; log:\n%s", probes(), logs.String())
+		t.Fatalf("%d probes of wp_outbox logged, want 2; log:\n%s", probes(), logs())
 	}
 }
 
