@@ -86,7 +86,9 @@ const vacuumAppName = "workpump-vacuum"
 // make the table due then. A table's first reading counts its dead row
 // versions as the changes since its last vacuum; the changes start again
 // from the reading that makes the table due, and from the first reading
-// that shows a vacuum another session ran. Counting changes rather than
+// that shows a vacuum another session ran, as does the coordinator's own
+// count then (so that processes do not each vacuum again after their own
+// count of rows that vacuum covered). Counting changes rather than
 // dead versions keeps a vacuum from being repeated at every reading when
 // the versions it could not remove (an old snapshot still sees them) stay.
 // With the server's statistics off (track_counts) the counters stand
@@ -350,9 +352,17 @@ func (v *vacuumer) probe(d dueTable, s *vacuumSession) bool {
 		switch {
 		case !ok:
 			seen.base = changed - min(dead, changed)
-		case vacuums != seen.vacuums || changed < seen.base:
-			// Vacuumed since the last reading (by any session), or the
-			// statistics were reset: the changes start again.
+		case vacuums != seen.vacuums:
+			// Vacuumed since the last reading (by any session): the
+			// changes start again, and so does this coordinator's count,
+			// so that processes do not each vacuum again after their
+			// own count of rows the vacuum already covered.
+			seen.base = changed
+			if v.pending[d.table] != dueVacuum {
+				v.claimed[d.table] = 0
+			}
+		case changed < seen.base:
+			// (The statistics were reset.)
 			seen.base = changed
 		}
 		seen.vacuums = vacuums
