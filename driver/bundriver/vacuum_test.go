@@ -1,11 +1,15 @@
 package bundriver_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/bundriver"
 	"github.com/workpump/workpump/internal/pgtest"
@@ -98,3 +102,60 @@ func TestVacuumCountsOtherSessionsRows(t *testing.T) {
 		})
 	}
 }
+
+// TestVacuumProbeOnItsOwnSession: on every bun set-up with sessions of its
+// own (ListenerConnString), a probe that follows a vacuum reads the
+// statistics on the vacuums' session, with that session's placeholders
+// rather than bun's.
+func TestVacuumProbeOnItsOwnSession(t *testing.T) {
+	for _, setup := range []string{setupPgx, setupPgxCached, setupPgdriver} {
+		t.Run(setup, func(t *testing.T) {
+			ctx := context.Background()
+			schema := pgtest.CleanSchema(t)
+			var mu sync.Mutex
+			var logs bytes.Buffer
+			logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return logs.Write(p)
+			})})
+			c := newCoordinator(t, setup, bundriver.Options{Schema: schema, VacuumAfter: 16, ListenerConnString: pgtest.URL(t), Logger: logger})
+			id := registered(t, c)
+			var items []driver.NewWork
+			for i := range 20 {
+				items = append(items, driver.NewWork{Category: driver.Outbox, StreamID: fmt.Sprint("o", i)})
+				if i < 2 {
+					items = append(items, driver.NewWork{Category: driver.Inbox, StreamID: fmt.Sprint("i", i)})
+				}
+			}
+			if _, err := c.Enqueue(ctx, items); err != nil {
+				t.Fatal(err)
+			}
+			res, err := c.ClaimWork(ctx, driver.ClaimRequest{InstanceID: id, Lease: time.Minute, MaxPerCategory: 16,
+				Categories: []driver.Category{driver.Outbox, driver.Inbox}})
+			if err != nil || len(res.Work) != 18 || res.Work[0].Category != driver.Outbox || res.Work[17].Category != driver.Inbox {
+				t.Fatalf("claim: %d rows, %v; want 16 outbox rows, then 2 inbox rows", len(res.Work), err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				mu.Lock()
+				log := logs.String()
+				mu.Unlock()
+				if strings.Contains(log, "reading a table's statistics failed") {
+					t.Fatalf("a reading of statistics failed:\n%s", log)
+				}
+				if strings.Contains(log, "read a table's changes since its last vacuum: table=wp_inbox") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no probe of wp_inbox logged within 30 s:\n%s", log)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -3,6 +3,7 @@ package pgcore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -85,8 +86,10 @@ const vacuumAppName = "workpump-vacuum"
 // that stand at the count's worth (changesPerWorkRow, changesPerStreamRow)
 // make the table due then. A table's first reading counts its dead row
 // versions as the changes since its last vacuum; the changes start again
-// from the reading that makes the table due, and from the first reading
-// that shows a vacuum another session ran, as does the coordinator's own
+// from the reading that makes the table due, from a reading as a vacuum
+// that the coordinator's own count made due starts, and from the first
+// reading that shows a vacuum another session ran (the coordinator tells
+// its own vacuums apart by counting them), as does the coordinator's own
 // count then (so that processes do not each vacuum again after their own
 // count of rows that vacuum covered). Counting changes rather than
 // dead versions keeps a vacuum from being repeated at every reading when
@@ -127,7 +130,7 @@ type vacuumer struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex
-	claimed  map[string]int     // table: rows claimed since it last fell due
+	claimed  map[string]int     // table: rows claimed since it last fell due, or since a reading showed another session's vacuum
 	failures map[string]int     // table: its vacuums that failed in a row
 	due      []dueTable         // tables waiting for the worker, in the order they fell due
 	pending  map[string]dueKind // table: in due, or being probed or vacuumed
@@ -140,8 +143,10 @@ type vacuumer struct {
 	// ran is called after each vacuum with the table and the vacuum's
 	// error (tests only).
 	ran func(table string, err error)
-	// seen: table: what its last probe read (set by its first).
+	// seen: table: what its last reading found (set by its first).
 	seen map[string]tableStats
+	// own: table: this coordinator's vacuums of it since its last reading.
+	own map[string]int64
 	// probed is called after each probe with the table and the changes
 	// since its last vacuum, or the reading's error (tests only).
 	probed func(table string, changes int64, err error)
@@ -171,7 +176,7 @@ func newVacuumer(c *Core, after int) *vacuumer {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &vacuumer{c: c, after: after, ctx: ctx, cancel: cancel,
 		claimed: map[string]int{}, failures: map[string]int{}, pending: map[string]dueKind{}, allowed: map[string]int{},
-		seen: map[string]tableStats{}}
+		seen: map[string]tableStats{}, own: map[string]int64{}}
 }
 
 // claimedRows counts a claim's rows and queues the vacuums that fall due.
@@ -257,6 +262,15 @@ func (v *vacuumer) work() {
 	for {
 		v.mu.Lock()
 		if len(v.due) == 0 || v.closed {
+			if s != nil {
+				// Give the session or connection back before the worker
+				// counts as ended: a worker started meanwhile would open
+				// another while this one still holds its own.
+				v.mu.Unlock()
+				s.end()
+				s = nil
+				continue
+			}
 			v.working = false
 			v.mu.Unlock()
 			return
@@ -285,6 +299,16 @@ func (v *vacuumer) work() {
 		if s == nil {
 			s, err = v.open()
 		}
+		if err == nil && d.kind == dueVacuum {
+			// Its own count made it due: the changes start again from a
+			// reading as the vacuum starts (a probe that made it due was
+			// that reading).
+			v.baseline(table, s)
+			if s.broken {
+				s.end()
+				s, err = v.open()
+			}
+		}
 		if err == nil {
 			err = v.vacuum(s, table)
 			if s.broken {
@@ -298,6 +322,7 @@ func (v *vacuumer) work() {
 		switch {
 		case err == nil:
 			delete(v.failures, table)
+			v.own[table]++
 		case failed:
 			v.failures[table]++
 		}
@@ -317,15 +342,19 @@ func (v *vacuumer) work() {
 	}
 }
 
-// probe reads d's table's statistics and reports whether its changes since
-// its last vacuum make it due now; then the table is pending as a vacuum,
-// its count starts again, as when the count made it due, and so do its
-// changes, from this reading. The reading runs on s, what the worker
-// holds for its vacuums, when it holds one, else on the pool: a worker
-// that held a pool connection and asked the pool for another could wait
-// for itself on a pool of one, and would take one more connection than
-// the vacuums are documented to.
-func (v *vacuumer) probe(d dueTable, s *vacuumSession) bool {
+// statsSQL reads a table's counters: rows updated and deleted, vacuums
+// (manual and automatic), dead row versions.
+const statsSQL = `SELECT pg_stat_get_tuples_updated(t.o) + pg_stat_get_tuples_deleted(t.o),
+        pg_stat_get_vacuum_count(t.o) + pg_stat_get_autovacuum_count(t.o),
+        pg_stat_get_dead_tuples(t.o)
+   FROM (SELECT %s::text::regclass::oid AS o) t`
+
+// readStats reads table's counters on s, what the worker holds for its
+// vacuums, when it holds one, else on the pool: a worker that held a pool
+// connection and asked the pool for another could wait for itself on a
+// pool of one, and would take one more connection than the vacuums are
+// documented to. A failed reading marks s broken.
+func (v *vacuumer) readStats(table string, s *vacuumSession) (changed, vacuums, dead int64, err error) {
 	var q Querier = v.c.db
 	ph := v.c.d.ph
 	if s != nil {
@@ -334,36 +363,55 @@ func (v *vacuumer) probe(d dueTable, s *vacuumSession) bool {
 			ph = dollar
 		}
 	}
-	var changed, vacuums, dead int64
-	_, err := queryRow(v.ctx, q,
-		`SELECT pg_stat_get_tuples_updated(t.o) + pg_stat_get_tuples_deleted(t.o),
-		        pg_stat_get_vacuum_count(t.o) + pg_stat_get_autovacuum_count(t.o),
-		        pg_stat_get_dead_tuples(t.o)
-		   FROM (SELECT `+ph(1)+`::text::regclass::oid AS o) t`,
-		[]any{v.qualified(d.table)}, &changed, &vacuums, &dead)
+	_, err = queryRow(v.ctx, q, fmt.Sprintf(statsSQL, ph(1)), []any{v.qualified(table)}, &changed, &vacuums, &dead)
 	if err != nil && s != nil {
 		s.broken = true
 	}
+	return changed, vacuums, dead, err
+}
+
+// baseline takes the reading that a vacuum the coordinator's own count
+// made due starts the table's changes from.
+func (v *vacuumer) baseline(table string, s *vacuumSession) {
+	changed, vacuums, _, err := v.readStats(table, s)
+	if err != nil {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.seen[table] = tableStats{vacuums: vacuums, base: changed}
+	delete(v.own, table)
+}
+
+// probe reads d's table's statistics and reports whether its changes since
+// its last vacuum make it due now; then the table is pending as a vacuum,
+// its count starts again, as when the count made it due, and so do its
+// changes, from this reading.
+func (v *vacuumer) probe(d dueTable, s *vacuumSession) bool {
+	changed, vacuums, dead, err := v.readStats(d.table, s)
 	var changes int64
 	due := false
 	v.mu.Lock()
 	if err == nil {
 		seen, ok := v.seen[d.table]
+		own := v.own[d.table]
+		delete(v.own, d.table)
 		switch {
 		case !ok:
 			seen.base = changed - min(dead, changed)
-		case vacuums != seen.vacuums:
-			// Vacuumed since the last reading (by any session): the
+		case vacuums < seen.vacuums || changed < seen.base:
+			// (The statistics were reset.)
+			seen.base = changed
+		case vacuums-seen.vacuums > own:
+			// Another session vacuumed it since the last reading: the
 			// changes start again, and so does this coordinator's count,
-			// so that processes do not each vacuum again after their
-			// own count of rows the vacuum already covered.
+			// so that processes do not each vacuum again after their own
+			// count of rows that vacuum covered. (The coordinator's own
+			// vacuums started the changes when they started.)
 			seen.base = changed
 			if v.pending[d.table] != dueVacuum {
 				v.claimed[d.table] = 0
 			}
-		case changed < seen.base:
-			// (The statistics were reset.)
-			seen.base = changed
 		}
 		seen.vacuums = vacuums
 		changes = changed - seen.base

@@ -23,10 +23,13 @@ type vacDB struct {
 	deny      map[string]bool           // qualified tables the role may not vacuum, whatever may says
 	stats     map[string]*tableStatsRow // qualified table: its statistics
 	probeGate chan struct{}             // when set, a reading of statistics waits for it
-	probeFail bool                      // a reading of statistics fails
-	release   chan struct{}             // a VACUUM waiting returns nil
-	fail      chan struct{}             // ... or an error
-	started   chan string
+	// releaseGate, when set, holds a connection's Release until it is
+	// closed, after a send on releasing.
+	releaseGate, releasing chan struct{}
+	probeFail              bool          // a reading of statistics fails
+	release                chan struct{} // a VACUUM waiting returns nil
+	fail                   chan struct{} // ... or an error
+	started                chan string
 
 	mu       sync.Mutex
 	checks   int
@@ -131,7 +134,21 @@ func (c *vacConn) Query(ctx context.Context, sql string, args ...any) (Rows, err
 func (c *vacConn) Exec(ctx context.Context, sql string, args ...any) error {
 	return c.f.exec(ctx, "conn", sql)
 }
-func (c *vacConn) Release() { c.f.mu.Lock(); c.f.conns--; c.f.mu.Unlock() }
+
+// Release gives the connection back; with releaseGate set it first says
+// so on releasing and waits for the gate.
+func (c *vacConn) Release() {
+	c.f.mu.Lock()
+	gate, releasing := c.f.releaseGate, c.f.releasing
+	c.f.mu.Unlock()
+	if gate != nil {
+		releasing <- struct{}{}
+		<-gate
+	}
+	c.f.mu.Lock()
+	c.f.conns--
+	c.f.mu.Unlock()
+}
 func (c *vacConn) Discard() { c.Release() }
 
 // dial opens a session of the fake (or, with noSessions, says the client
@@ -433,17 +450,22 @@ func TestVacuumOnItsOwnSession(t *testing.T) {
 	defer db.mu.Unlock()
 	want := []string{
 		"session: SELECT set_config('application_name', $1, false)",
+		"session: statistics",
 		"session: permission check",
 		"session: SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))",
 		`session: VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`,
 		"session: SELECT pg_advisory_unlock_shared(hashtextextended($1, 0))",
 		"session: SELECT set_config('application_name', $1, false)",
+		"session: statistics",
 		"session: SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0))",
 	}
 	var got []string
 	for _, s := range db.stmts {
 		if strings.Contains(s, "pg_has_role") {
 			s = s[:strings.Index(s, ":")] + ": permission check"
+		}
+		if strings.Contains(s, "pg_stat_get_dead_tuples") {
+			s = s[:strings.Index(s, ":")] + ": statistics"
 		}
 		got = append(got, s)
 	}
@@ -864,9 +886,11 @@ func TestVacuumProbeOnWhatTheWorkerHolds(t *testing.T) {
 		}
 		maxConns := db.maxConns
 		db.mu.Unlock()
-		want := []string{"pool $1", "conn $1"}
+		// (The vacuum's own count made it due: a reading as it starts, on
+		// what it runs on, then the probe's.)
+		want := []string{"pool $1", "conn $1", "conn $1"}
 		if dial {
-			want = []string{"pool $1", "session $1"}
+			want = []string{"pool $1", "session $1", "session $1"}
 		}
 		if !slices.Equal(probes, want) {
 			t.Errorf("dial=%v: probes ran on %q, want %q", dial, probes, want)
@@ -932,4 +956,98 @@ func waitProbing(t *testing.T, db *vacDB, n int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestVacuumWorkerGivesBackBeforeItEnds: a worker gives its connection
+// back before it counts as ended, so a table that falls due meanwhile
+// waits for that worker instead of starting another that takes a second
+// connection.
+func TestVacuumWorkerGivesBackBeforeItEnds(t *testing.T) {
+	db := newVacDB(true)
+	c, done := vacCore(t, db, 10, false)
+	gate, releasing := make(chan struct{}), make(chan struct{}, 1)
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open() // (a failed test must not leave the worker waiting)
+	db.mu.Lock()
+	db.releaseGate, db.releasing = gate, releasing
+	db.mu.Unlock()
+	c.vac.claimedRows(rowsOf(driver.Outbox, 10))
+	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+	finish(t, db, done)
+	<-releasing // the worker found nothing left and gives its connection back
+	c.vac.claimedRows(rowsOf(driver.Inbox, 10))
+	// (A second worker would take a connection and start the inbox's
+	// vacuum now; the one worker cannot until its Release returns.)
+	select {
+	case got := <-db.started:
+		t.Fatalf("vacuum %q started while the worker still held its connection", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+	db.mu.Lock()
+	db.releaseGate, db.releasing = nil, nil
+	db.mu.Unlock()
+	open()
+	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_inbox`)
+	finish(t, db, done)
+	workerEnded(t, c)
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.maxConns != 1 {
+		t.Fatalf("at most %d pool connections at once, want 1", db.maxConns)
+	}
+}
+
+// TestVacuumOwnVacuumsKeepTheCount: the coordinator's own vacuums, as the
+// statistics show them, leave its count alone: the rows it claimed while
+// a vacuum ran count toward the next one, and a vacuum its count made due
+// starts the changes from a reading as it starts. Another session's
+// vacuum, or several, restart the count; a statistics reset (the vacuum
+// count going back too) does not.
+func TestVacuumOwnVacuumsKeepTheCount(t *testing.T) {
+	db := newVacDB(true)
+	db.setStats("wp_outbox", 1000, 5, 0)
+	c, done, probed := probedCore(t, db, 800)
+	claimed := func() int {
+		c.vac.mu.Lock()
+		defer c.vac.mu.Unlock()
+		return c.vac.claimed["wp_outbox"]
+	}
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 0 <nil>")
+	workerEnded(t, c)
+	// 200 changes by anyone, then the 800th row: a vacuum by the count,
+	// whose changes start from a reading as it starts.
+	db.setStats("wp_outbox", 1200, 5, 0)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 700))
+	expectStarted(t, db, `VACUUM (SKIP_LOCKED, TRUNCATE false) "s".wp_outbox`)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 300)) // while it runs
+	db.setStats("wp_outbox", 1300, 6, 0)          // its own vacuum shows
+	finish(t, db, done)
+	workerEnded(t, c)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 100 <nil>")
+	workerEnded(t, c)
+	if n := claimed(); n != 400 {
+		t.Fatalf("after its own vacuum: %d rows counted, want 400", n)
+	}
+	// Two vacuums by other sessions since: the count restarts.
+	db.setStats("wp_outbox", 1400, 8, 0)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 100))
+	expectProbe(t, probed, "wp_outbox 0 <nil>")
+	workerEnded(t, c)
+	if n := claimed(); n != 0 {
+		t.Fatalf("after another session's vacuums: %d rows counted, want 0", n)
+	}
+	// A statistics reset: the vacuum count goes back (the changes counter
+	// may have climbed past its old mark since).
+	c.vac.claimedRows(rowsOf(driver.Outbox, 99))
+	db.setStats("wp_outbox", 5000, 0, 10)
+	c.vac.claimedRows(rowsOf(driver.Outbox, 1))
+	expectProbe(t, probed, "wp_outbox 0 <nil>")
+	workerEnded(t, c)
+	if n := claimed(); n != 100 {
+		t.Fatalf("after a statistics reset: %d rows counted, want 100", n)
+	}
+	expectNoneStarted(t, db)
 }
