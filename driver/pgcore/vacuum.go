@@ -87,11 +87,10 @@ const vacuumAppName = "workpump-vacuum"
 // make the table due then. A table's first reading counts its dead row
 // versions as the changes since its last vacuum; the changes start again
 // from the reading that makes the table due, from a reading as a vacuum
-// that the coordinator's own count made due starts, and from the first
-// reading that shows a vacuum another session ran (the coordinator tells
-// its own vacuums apart by counting them), as does the coordinator's own
-// count then (so that processes do not each vacuum again after their own
-// count of rows that vacuum covered). Counting changes rather than
+// of the coordinator's ends (changes made while it ran are left to the
+// next), and from the first reading that shows a vacuum another session
+// ran, as does the coordinator's own count then (so that processes do not
+// each vacuum again after their own count of rows that vacuum covered). Counting changes rather than
 // dead versions keeps a vacuum from being repeated at every reading when
 // the versions it could not remove (an old snapshot still sees them) stay.
 // With the server's statistics off (track_counts) the counters stand
@@ -145,8 +144,6 @@ type vacuumer struct {
 	ran func(table string, err error)
 	// seen: table: what its last reading found (set by its first).
 	seen map[string]tableStats
-	// own: table: this coordinator's vacuums of it since its last reading.
-	own map[string]int64
 	// probed is called after each probe with the table and the changes
 	// since its last vacuum, or the reading's error (tests only).
 	probed func(table string, changes int64, err error)
@@ -176,7 +173,7 @@ func newVacuumer(c *Core, after int) *vacuumer {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &vacuumer{c: c, after: after, ctx: ctx, cancel: cancel,
 		claimed: map[string]int{}, failures: map[string]int{}, pending: map[string]dueKind{}, allowed: map[string]int{},
-		seen: map[string]tableStats{}, own: map[string]int64{}}
+		seen: map[string]tableStats{}}
 }
 
 // claimedRows counts a claim's rows and queues the vacuums that fall due.
@@ -299,18 +296,13 @@ func (v *vacuumer) work() {
 		if s == nil {
 			s, err = v.open()
 		}
-		if err == nil && d.kind == dueVacuum {
-			// Its own count made it due: the changes start again from a
-			// reading as the vacuum starts (a probe that made it due was
-			// that reading).
-			v.baseline(table, s)
-			if s.broken {
-				s.end()
-				s, err = v.open()
-			}
-		}
 		if err == nil {
 			err = v.vacuum(s, table)
+			if err == nil && !s.broken {
+				// The changes start again from a reading as the vacuum
+				// ends: those made while it ran are left to the next.
+				v.baseline(table, s)
+			}
 			if s.broken {
 				s.end()
 				s = nil
@@ -322,7 +314,6 @@ func (v *vacuumer) work() {
 		switch {
 		case err == nil:
 			delete(v.failures, table)
-			v.own[table]++
 		case failed:
 			v.failures[table]++
 		}
@@ -370,8 +361,10 @@ func (v *vacuumer) readStats(table string, s *vacuumSession) (changed, vacuums, 
 	return changed, vacuums, dead, err
 }
 
-// baseline takes the reading that a vacuum the coordinator's own count
-// made due starts the table's changes from.
+// baseline takes the reading, as a vacuum of the coordinator's ends, that
+// the table's changes start again from; the vacuum it shows is the
+// coordinator's own, so the next reading does not take it for another
+// session's.
 func (v *vacuumer) baseline(table string, s *vacuumSession) {
 	changed, vacuums, _, err := v.readStats(table, s)
 	if err != nil {
@@ -380,7 +373,6 @@ func (v *vacuumer) baseline(table string, s *vacuumSession) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.seen[table] = tableStats{vacuums: vacuums, base: changed}
-	delete(v.own, table)
 }
 
 // probe reads d's table's statistics and reports whether its changes since
@@ -394,20 +386,18 @@ func (v *vacuumer) probe(d dueTable, s *vacuumSession) bool {
 	v.mu.Lock()
 	if err == nil {
 		seen, ok := v.seen[d.table]
-		own := v.own[d.table]
-		delete(v.own, d.table)
 		switch {
 		case !ok:
 			seen.base = changed - min(dead, changed)
 		case vacuums < seen.vacuums || changed < seen.base:
 			// (The statistics were reset.)
 			seen.base = changed
-		case vacuums-seen.vacuums > own:
-			// Another session vacuumed it since the last reading: the
+		case vacuums != seen.vacuums:
+			// Another session vacuumed it since the last reading (the
+			// coordinator's own vacuums are read as they end): the
 			// changes start again, and so does this coordinator's count,
 			// so that processes do not each vacuum again after their own
-			// count of rows that vacuum covered. (The coordinator's own
-			// vacuums started the changes when they started.)
+			// count of rows that vacuum covered.
 			seen.base = changed
 			if v.pending[d.table] != dueVacuum {
 				v.claimed[d.table] = 0
