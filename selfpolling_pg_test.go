@@ -242,9 +242,20 @@ func wakeLockHolders(t *testing.T, pool *pgxpool.Pool, schema string, id uuid.UU
 // of its poll session.
 func pollingPID(t *testing.T, pool *pgxpool.Pool, schema string, id uuid.UUID) int {
 	t.Helper()
+	pid, _ := pollingHolders(t, pool, schema, id)
+	return pid
+}
+
+// pollingHolders is pollingPID that also returns every holder of the
+// polling lock as the same reading found them (a period can end between
+// two readings).
+func pollingHolders(t *testing.T, pool *pgxpool.Pool, schema string, id uuid.UUID) (int, []lockHolder) {
+	t.Helper()
 	var pid int
+	var hs []lockHolder
 	pgWait(t, 10*time.Second, "a self-polling period", func() bool {
-		for _, h := range wakeLockHolders(t, pool, schema, id, "polling") {
+		hs = wakeLockHolders(t, pool, schema, id, "polling")
+		for _, h := range hs {
 			if h.Mode == "ExclusiveLock" {
 				pid = h.PID
 				return true
@@ -252,7 +263,7 @@ func pollingPID(t *testing.T, pool *pgxpool.Pool, schema string, id uuid.UUID) i
 		}
 		return false
 	})
-	return pid
+	return pid, hs
 }
 
 // skippedEnqueue opens an application transaction and enqueues one item in
@@ -402,8 +413,7 @@ func TestSelfPollingPG_PollSessionKilledMidPeriod(t *testing.T) {
 	schema, app, c, pk := newSelfPollRig(t)
 	p := startAttackPump(t, c, attackOptions(uuid.Nil), pk.handle)
 	stop := feeder(t, c, pk, "feed")
-	pid := pollingPID(t, app, schema, p.ID())
-	hs := wakeLockHolders(t, app, schema, p.ID(), "polling")
+	pid, hs := pollingHolders(t, app, schema, p.ID())
 	if len(hs) != 1 || hs[0].App != "workpump-listener" {
 		t.Fatalf("polling lock holders %+v: want the listener-like poll session", hs)
 	}
