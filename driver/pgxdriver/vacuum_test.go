@@ -55,13 +55,7 @@ func vacuumCounts(t *testing.T, schema string) map[string]int {
 // before says.
 func waitVacuumed(t *testing.T, schema, table string, before map[string]int, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for pgtest.VacuumCount(t, schema, table)-before[table] != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s vacuumed %d more times within 30 s, want %d", table, pgtest.VacuumCount(t, schema, table)-before[table], n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pgtest.WaitVacuums(t, schema, table, before[table], n)
 }
 
 // TestClaimsVacuumTheirTable: once a coordinator has claimed VacuumAfter
@@ -104,24 +98,31 @@ func TestClaimsVacuumTheirTable(t *testing.T) {
 	}
 }
 
+// onOneConnection opens a coordinator on base's schema whose pool holds
+// one connection, in mode; both close when the test ends.
+func onOneConnection(t *testing.T, base *Coordinator, mode pgx.QueryExecMode, vacuumAfter int) (*Coordinator, *pgxpool.Pool) {
+	t.Helper()
+	cfg := pgtest.Config(t, mode)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := New(pool, Options{Schema: base.Schema(), VacuumAfter: vacuumAfter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, pool
+}
+
 // TestVacuumLeavesThePoolAlone: with a pool of one connection, which the
 // test holds from the claim that makes a vacuum due until the vacuum has
 // run, the vacuum still runs: on a session of its own.
 func TestVacuumLeavesThePoolAlone(t *testing.T) {
 	ctx := context.Background()
-	cfg := pgtest.Config(t, pgx.QueryExecModeCacheStatement)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	base := newTestCoordinator(t, false, nil, 0)
-	c, err := New(pool, Options{Schema: base.Schema(), VacuumAfter: 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, pool := onOneConnection(t, newTestCoordinator(t, false, nil, 0), pgx.QueryExecModeCacheStatement, 20)
 	before := vacuumCounts(t, c.Schema())
 	inst := uuid.Must(uuid.NewV7())
 	register(t, c, inst)
@@ -268,21 +269,7 @@ func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var changed int64
-		if err := c.Pool().QueryRow(ctx, `SELECT pg_stat_get_tuples_updated($1::text::regclass) + pg_stat_get_tuples_deleted($1::text::regclass)`,
-			`"`+c.Schema()+`".wp_outbox`).Scan(&changed); err != nil {
-			t.Fatal(err)
-		}
-		if changed >= 425 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the statistics show %d rows of wp_outbox updated or deleted after 30 s, want at least 425", changed)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pgtest.WaitTableStat(t, c.Schema(), "wp_outbox", "pg_stat_get_tuples_updated($1) + pg_stat_get_tuples_deleted($1)", 425)
 
 	// The next eighth: a probe, which vacuums the table (its own count is
 	// 50 of 200).
@@ -303,19 +290,7 @@ func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 // the next claim gets the connection.
 func TestVacuumAndProbeOnAPoolOfOne(t *testing.T) {
 	ctx := context.Background()
-	base := newTestCoordinator(t, true, nil, 0)
-	cfg := pgtest.Config(t, pgx.QueryExecModeSimpleProtocol)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	c, err := New(pool, Options{Schema: base.Schema(), VacuumAfter: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := onOneConnection(t, newTestCoordinator(t, true, nil, 0), pgx.QueryExecModeSimpleProtocol, 16)
 	before := vacuumCounts(t, c.Schema())
 	inst := uuid.Must(uuid.NewV7())
 	register(t, c, inst)

@@ -308,3 +308,39 @@ func VacuumCount(t testing.TB, schema, table string) int {
 	}
 	return int(n)
 }
+
+// WaitVacuums waits until schema.table's VacuumCount stands n above
+// before, and fails the test if it does not within 30 s.
+func WaitVacuums(t testing.TB, schema, table string, before, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for VacuumCount(t, schema, table)-before != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s vacuumed %d more times within 30 s, want %d", table, VacuumCount(t, schema, table)-before, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// WaitTableStat waits until stat, an expression of the statistics
+// functions over $1 (schema.table's regclass, such as
+// "pg_stat_get_dead_tuples($1)"), reads at least want, and fails the test
+// if it does not within 30 s. The server's statistics lag the writes.
+func WaitTableStat(t testing.TB, schema, table, stat string, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got int64
+		if err := Pool(t).QueryRow(context.Background(), `SELECT `+strings.ReplaceAll(stat, "$1", "$1::text::regclass"),
+			fmt.Sprintf("%q.%q", schema, table)).Scan(&got); err != nil {
+			t.Fatalf("%s of %s.%s: %v", stat, schema, table, err)
+		}
+		if got >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s of %s.%s reads %d after 30 s, want at least %d", stat, schema, table, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
