@@ -1,15 +1,12 @@
 package bundriver_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/driver/bundriver"
 	"github.com/workpump/workpump/internal/pgtest"
@@ -88,13 +85,7 @@ func TestVacuumProbeOnItsOwnSession(t *testing.T) {
 		t.Run(setup, func(t *testing.T) {
 			ctx := context.Background()
 			schema := pgtest.CleanSchema(t)
-			var mu sync.Mutex
-			var logs bytes.Buffer
-			logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
-				mu.Lock()
-				defer mu.Unlock()
-				return logs.Write(p)
-			})})
+			logger, logs := pgtest.DebugLog()
 			c := newCoordinator(t, setup, bundriver.Options{Schema: schema, VacuumAfter: 16, ListenerConnString: pgtest.URL(t), Logger: logger})
 			id := registered(t, c)
 			var items []driver.NewWork
@@ -114,9 +105,7 @@ func TestVacuumProbeOnItsOwnSession(t *testing.T) {
 			}
 			deadline := time.Now().Add(30 * time.Second)
 			for {
-				mu.Lock()
-				log := logs.String()
-				mu.Unlock()
+				log := logs()
 				if strings.Contains(log, "reading a table's statistics failed") {
 					t.Fatalf("a reading of statistics failed:\n%s", log)
 				}
@@ -131,7 +120,3 @@ func TestVacuumProbeOnItsOwnSession(t *testing.T) {
 		})
 	}
 }
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

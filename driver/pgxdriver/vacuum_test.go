@@ -1,15 +1,12 @@
 package pgxdriver
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/workpump/workpump/driver"
@@ -18,23 +15,6 @@ import (
 )
 
 var workTables = []string{"wp_outbox", "wp_inbox", "wp_perspective_events", "wp_receptor_processing"}
-
-// debugLog returns a logger at debug level and a function that returns
-// what it has logged so far.
-func debugLog() (hclog.Logger, func() string) {
-	var mu sync.Mutex
-	var logs bytes.Buffer
-	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.Write(p)
-	})})
-	return logger, func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.String()
-	}
-}
 
 // vacuumed are the tables whose vacuums the tests count: the work tables
 // and the ownership table.
@@ -144,7 +124,7 @@ func TestVacuumLeavesThePoolAlone(t *testing.T) {
 // that); once the lock is free the next one runs.
 func TestVacuumSkippedWhileMigrating(t *testing.T) {
 	ctx := context.Background()
-	logger, logs := debugLog()
+	logger, logs := pgtest.DebugLog()
 	c := reopen(t, newTestCoordinator(t, false, nil, 0), func(o *Options) { o.VacuumAfter = 20; o.Logger = logger })
 	defer c.Close()
 	before := vacuumCounts(t, c.Schema())
@@ -187,10 +167,6 @@ func TestVacuumSkippedWhileMigrating(t *testing.T) {
 	waitVacuumed(t, c.Schema(), "wp_outbox", before, 1)
 }
 
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
-
 // TestVacuumCountsOtherProcessesRows: a coordinator vacuums a work table
 // once the table's statistics show two changed rows per VacuumAfter row
 // since its last vacuum, whoever changed them, though it claimed far fewer
@@ -199,7 +175,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 // too few and vacuumed nothing.
 func TestVacuumCountsOtherProcessesRows(t *testing.T) {
 	ctx := context.Background()
-	logger, logs := debugLog()
+	logger, logs := pgtest.DebugLog()
 	base := newTestCoordinator(t, false, nil, 0)
 	c := reopen(t, base, func(o *Options) { o.VacuumAfter = 200; o.Logger = logger })
 	defer c.Close()

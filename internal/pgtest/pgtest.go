@@ -14,6 +14,7 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -25,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -344,3 +346,24 @@ func WaitTableStat(t testing.TB, schema, table, stat string, want int64) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// DebugLog returns a logger at debug level and a function that returns
+// what it has logged so far (the vacuum tests read the probes' lines).
+func DebugLog() (hclog.Logger, func() string) {
+	var mu sync.Mutex
+	var logs bytes.Buffer
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	})})
+	return logger, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.String()
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
