@@ -40,6 +40,7 @@ func ExampleRender() {
 	// 0017_leased_index: creates wp_ objects in "shop": true
 	// 0018_key_ranges: creates wp_ objects in "shop": true
 	// 0019_lean_claims: creates wp_ objects in "shop": true
+	// 0020_wake_owner: creates wp_ objects in "shop": true
 	// true
 }
 

@@ -6,7 +6,7 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 19,
+	version: 20,
 	list: []InstalledFunction{
 		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
@@ -45,7 +45,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_rank_of(integer, integer)", Checksum: "a08ece32aaedf86d4068c6e19578415d"},
 		{Signature: "wp_record_heartbeat(uuid, text, text, integer, text, bigint, bigint, timestamp with time zone, boolean, bigint, boolean, bigint)", Checksum: "96121f9020a667cb0fdab233f2245e50"},
 		{Signature: "wp_release(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "84f1d42e3252d203c4e6cce573521754"},
-		{Signature: "wp_release_instances(uuid[])", Checksum: "7d38dc94f764b833dc35e4d15a12f8ea"},
+		{Signature: "wp_release_instances(uuid[])", Checksum: "b46267cb32155efd6138598a7e4a4584"},
 		{Signature: "wp_renew_leases(uuid, text, uuid[], bigint, timestamp with time zone)", Checksum: "14115477c9c3364a5dccc268ae874679"},
 		{Signature: "wp_resume_work(text, boolean, text)", Checksum: "a527ec79a8752c128e0765c06c77856d"},
 		{Signature: "wp_retry_delay(integer, bigint, bigint)", Checksum: "47f481716bc22f48046d99f2861973eb"},
