@@ -22,11 +22,23 @@ const fetchedSQL = `SELECT sum(pg_stat_get_xact_tuples_fetched(r)) FROM
 // peer holds or has waiting for a retry: each of its rows at most twice
 // (found through the _wake index, then locked by key). The deregistration
 // runs in a transaction that is rolled back after the counts and the rows'
-// state are read.
+// state are read, on a session that deregistered an instance while the
+// tables were empty: the plans it made then, kept for the session, must
+// not read every leased row once the tables fill.
 func TestDeregisterReadsOnlyItsOwnRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := newTestCoordinator(t, false, nil, 1000)
+	conn, err := c.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	early := uuid.New()
+	register(t, c, early)
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`SELECT %q.wp_deregister($1::uuid, $2::timestamptz)`, c.Schema()), early, nowArg(c)); err != nil {
+		t.Fatal(err)
+	}
 	a, b := uuid.New(), uuid.New()
 	register(t, c, a)
 	register(t, c, b)
@@ -48,7 +60,7 @@ func TestDeregisterReadsOnlyItsOwnRows(t *testing.T) {
 		t.Fatalf("Fail: %+v, %v", ack, err)
 	}
 	outbox := fmt.Sprintf("%q.wp_outbox", c.Schema())
-	tx, err := c.Pool().Begin(ctx)
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,47 +90,134 @@ func TestDeregisterReadsOnlyItsOwnRows(t *testing.T) {
 	}
 }
 
-// TestDeregisterReleasesARowRenewedMeanwhile: a renewal that commits while
-// a deregistration waits for one of its rows' locks leaves that row at a
-// newer version than the deregistration's snapshot saw; the row is
-// released all the same, as are the rest. The renewal is held open in a
-// transaction until the deregistration is seen waiting for a lock.
-func TestDeregisterReleasesARowRenewedMeanwhile(t *testing.T) {
+// releaseRacer is a write on one row of a departing instance, held open
+// in a transaction while a release (Deregister or CleanupStale) waits for
+// that row's lock, and then committed or rolled back.
+type releaseRacer struct {
+	name   string
+	commit bool
+	// sql is the write, on row id of owner inst (peer: a live instance).
+	sql func(c *Coordinator, inst, peer, id uuid.UUID) (string, []any)
+}
+
+func releaseRacers() []releaseRacer {
+	renew := func(c *Coordinator, inst, _, id uuid.UUID) (string, []any) {
+		return fmt.Sprintf(`SELECT count(*) FROM %q.wp_renew_leases($1::uuid, 'outbox', $2::uuid[], $3::bigint, $4::timestamptz)`, c.Schema()),
+			[]any{inst, []uuid.UUID{id}, int64(time.Hour), nowArg(c)}
+	}
+	steal := func(c *Coordinator, _, peer, id uuid.UUID) (string, []any) {
+		// A peer's claim of the row, written as wp_claim_work writes it.
+		return fmt.Sprintf(`UPDATE %q.wp_outbox SET instance_id = $1, lease_expiry = now() + interval '1 hour', claim_count = claim_count + 1 WHERE message_id = $2`, c.Schema()),
+			[]any{peer, id}
+	}
+	cancel := func(c *Coordinator, _, _, id uuid.UUID) (string, []any) {
+		return fmt.Sprintf(`SELECT count(*) FROM %q.wp_cancel_work('outbox', $1::uuid[], NULL, NULL)`, c.Schema()), []any{[]uuid.UUID{id}}
+	}
+	complete := func(c *Coordinator, inst, _, id uuid.UUID) (string, []any) {
+		return fmt.Sprintf(`SELECT count(*) FROM %q.wp_complete($1::uuid, ARRAY['outbox'], $2::uuid[], ARRAY[1], NULL)`, c.Schema()), []any{inst, []uuid.UUID{id}}
+	}
+	return []releaseRacer{
+		{"renew-commit", true, renew}, {"renew-rollback", false, renew},
+		{"steal-commit", true, steal}, {"steal-rollback", false, steal},
+		{"cancel-commit", true, cancel}, {"cancel-rollback", false, cancel},
+		{"complete-commit", true, complete}, {"complete-rollback", false, complete},
+	}
+}
+
+// TestReleaseBesideEveryRowWriter: a write that commits (or rolls back)
+// while a release waits for the written row's lock leaves no row leased
+// to a departed instance, and the live peer keeps exactly its own rows
+// (and the row it took, when it took one). A committed renewal leaves the
+// row at a newer version than the release's snapshot saw: it is released
+// all the same. Owners a and b and peer p hold about 20 rows each; the
+// write is on a row of b; the release is Deregister(b), or CleanupStale
+// evicting a and b (a release of several instances at once).
+func TestReleaseBesideEveryRowWriter(t *testing.T) {
 	t.Parallel()
+	for _, evict := range []bool{false, true} {
+		for _, r := range releaseRacers() {
+			t.Run(fmt.Sprintf("evict=%v/%s", evict, r.name), func(t *testing.T) {
+				t.Parallel()
+				releaseBesideWriter(t, evict, r)
+			})
+		}
+	}
+}
+
+func releaseBesideWriter(t *testing.T, evict bool, r releaseRacer) {
 	ctx := context.Background()
 	c := newTestCoordinator(t, false, nil, 1000)
-	a := uuid.New()
-	register(t, c, a)
-	fill(t, c, 20, driver.Outbox, 20)
-	held := claimAll(t, c, a)
-	if len(held) != 20 {
-		t.Fatalf("claimed %d rows, want 20", len(held))
+	a, b, p := uuid.New(), uuid.New(), uuid.New()
+	for _, inst := range []uuid.UUID{a, b, p} {
+		register(t, c, inst)
 	}
+	fill(t, c, 60, driver.Outbox, 60)
+	held := map[uuid.UUID][]driver.Work{}
+	for _, inst := range []uuid.UUID{a, b, p} {
+		held[inst] = claimAll(t, c, inst)
+		if len(held[inst]) == 0 {
+			t.Fatalf("an instance claimed nothing of 60 rows over 60 streams: %d, %d, %d", len(held[a]), len(held[b]), len(held[p]))
+		}
+	}
+	target := held[b][len(held[b])/2].ID
 	tx, err := c.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	var renewed int
-	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q.wp_renew_leases($1::uuid, 'outbox', $2::uuid[], $3::bigint, $4::timestamptz)`, c.Schema()),
-		a, []uuid.UUID{held[7].ID}, int64(time.Hour), nowArg(c)).Scan(&renewed); err != nil || renewed != 1 {
-		t.Fatalf("renewal in the open transaction: %d rows, %v", renewed, err)
+	q, args := r.sql(c, b, p, target)
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
+		t.Fatalf("the write: %v", err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- c.Deregister(ctx, a) }()
-	waitForLockWait(t, c, "wp_deregister")
-	if err := tx.Commit(ctx); err != nil {
+	departed := []uuid.UUID{b}
+	if evict {
+		departed = []uuid.UUID{a, b}
+		if _, err := c.Pool().Exec(ctx, fmt.Sprintf(`UPDATE %q.wp_service_instances SET last_heartbeat_at = now() - interval '1 day' WHERE instance_id = ANY ($1)`, c.Schema()), departed); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			gone, err := c.CleanupStale(ctx, driver.CleanupRequest{StaleAfter: time.Minute, DeadAfter: 2 * time.Minute})
+			if err == nil && len(gone) != 2 {
+				err = fmt.Errorf("evicted %v, want a and b", gone)
+			}
+			done <- err
+		}()
+		waitForLockWait(t, c, "wp_cleanup_stale_instances")
+	} else {
+		go func() { done <- c.Deregister(ctx, b) }()
+		waitForLockWait(t, c, "wp_deregister")
+	}
+	if r.commit {
+		err = tx.Commit(ctx)
+	} else {
+		err = tx.Rollback(ctx)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("Deregister: %v", err)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("release: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the release did not finish within 30 s of the write's end")
 	}
-	var leased, pending int
-	if err := c.Pool().QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE instance_id IS NOT NULL), count(*) FROM %q.wp_outbox WHERE processed_at IS NULL`, c.Schema())).Scan(&leased, &pending); err != nil {
+	var stuck, peer int
+	if err := c.Pool().QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE instance_id = ANY ($1)), count(*) FILTER (WHERE instance_id = $2) FROM %q.wp_outbox WHERE processed_at IS NULL`, c.Schema()),
+		departed, p).Scan(&stuck, &peer); err != nil {
 		t.Fatal(err)
 	}
-	if leased != 0 || pending != 20 {
-		t.Fatalf("after the deregistration %d of %d pending rows are leased; want 0 of 20 (the row renewed meanwhile too)", leased, pending)
+	if stuck != 0 {
+		t.Errorf("%d pending rows are still leased to a departed instance", stuck)
+	}
+	want := len(held[p])
+	if r.name == "steal-commit" {
+		want++
+	}
+	if peer != want {
+		t.Errorf("the peer holds %d rows, want %d", peer, want)
 	}
 }
 

@@ -6,40 +6,53 @@
 -- The leased rows were in two indexes: _wake (by lease expiry, beside the
 -- scheduled rows by schedule) and _leased (by owner, for the release of a
 -- departing instance's rows). A claim or a renewal wrote each row into
--- both. Now _wake carries the owner as its second key and _leased is
--- gone: a release (deregistration, eviction) finds the departing
--- instance's rows by testing that key on _wake's entries, without reading
--- the rows of the other instances or of the retries waiting from the
--- table, and locks them by key (wp_release_instances, below). _wake's first key and predicate
--- are unchanged, so every statement that reads it as before (a build
--- older than this version, during a rolling upgrade, too) still does.
+-- both. Now _wake carries the owner as its second key and _leased is gone.
+-- _wake's first key and predicate are unchanged, so every statement that
+-- reads it as before (a build older than this version, during a rolling
+-- upgrade, too) still does.
 --
--- Rebuilding _wake reads each work table and holds off writes to it
--- meanwhile, inside the migration's transaction.
+-- A release (deregistration, eviction: wp_release_instances, below) finds
+-- a departing instance's rows by testing that second key on _wake's
+-- entries, without reading the other instances' rows or the waiting
+-- retries from the table; the walk's cost follows the number of waiting
+-- rows. A release of several instances at once walks the leased rows'
+-- entries once and reads every leased row. It then locks the rows by key.
+-- wp_stats_leases reads the leased rows through _wake too.
+--
+-- The new _wake is built beside the old one first (each build reads its
+-- table and holds off writes to it until the migration's transaction
+-- commits); the old indexes are dropped last, since a drop holds off
+-- reads too, from then until the commit.
 
-DROP INDEX "public".wp_outbox_leased;
-DROP INDEX "public".wp_outbox_wake;
-CREATE INDEX wp_outbox_wake ON "public".wp_outbox
+CREATE INDEX wp_outbox_wake_new ON "public".wp_outbox
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
     WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
-DROP INDEX "public".wp_inbox_leased;
-DROP INDEX "public".wp_inbox_wake;
-CREATE INDEX wp_inbox_wake ON "public".wp_inbox
+CREATE INDEX wp_inbox_wake_new ON "public".wp_inbox
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
     WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
-DROP INDEX "public".wp_perspective_events_leased;
-DROP INDEX "public".wp_perspective_events_wake;
-CREATE INDEX wp_perspective_events_wake ON "public".wp_perspective_events
+CREATE INDEX wp_perspective_events_wake_new ON "public".wp_perspective_events
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
     WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
-DROP INDEX "public".wp_receptor_processing_leased;
-DROP INDEX "public".wp_receptor_processing_wake;
-CREATE INDEX wp_receptor_processing_wake ON "public".wp_receptor_processing
+CREATE INDEX wp_receptor_processing_wake_new ON "public".wp_receptor_processing
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
     WHERE completed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 
--- wp_release_instances (version 20: rows found on _wake) clears every lease and stream ownership held by
--- p_ids (attempts unchanged) and returns how many work rows it released.
+DROP INDEX "public".wp_outbox_leased;
+DROP INDEX "public".wp_outbox_wake;
+ALTER INDEX "public".wp_outbox_wake_new RENAME TO wp_outbox_wake;
+DROP INDEX "public".wp_inbox_leased;
+DROP INDEX "public".wp_inbox_wake;
+ALTER INDEX "public".wp_inbox_wake_new RENAME TO wp_inbox_wake;
+DROP INDEX "public".wp_perspective_events_leased;
+DROP INDEX "public".wp_perspective_events_wake;
+ALTER INDEX "public".wp_perspective_events_wake_new RENAME TO wp_perspective_events_wake;
+DROP INDEX "public".wp_receptor_processing_leased;
+DROP INDEX "public".wp_receptor_processing_wake;
+ALTER INDEX "public".wp_receptor_processing_wake_new RENAME TO wp_receptor_processing_wake;
+
+-- wp_release_instances (version 20: rows found on _wake) clears every
+-- lease and stream ownership held by p_ids (attempts unchanged) and
+-- returns how many work rows it released.
 -- Rows are locked in one statement and written in the next: a row whose
 -- lock it had to wait for (a renewal in flight) is a newer version than its
 -- first snapshot can see, and only a later statement's snapshot finds it.
@@ -54,11 +67,15 @@ DECLARE
     v_n integer := 0;
     v_c integer;
     v_tids tid[];
+    v_one boolean := (SELECT count(DISTINCT u.id) <= 1 FROM unnest(p_ids) AS u(id));
 BEGIN
-    -- The owners' rows are found on _wake, one walk of its entries per
-    -- owner testing its second key (an array test there would read every
-    -- waiting row from the table), and then locked by key: a row a renewal
-    -- wrote meanwhile is still found, at its new version.
+    -- The owners' rows are found on _wake, and then locked by key: a row a
+    -- renewal wrote meanwhile is still found, at its new version. One
+    -- owner's rows: a walk of _wake's entries testing its second key, which
+    -- reads from the table only that owner's rows (an array test there
+    -- would read every waiting row from the table). Several owners' (an
+    -- eviction of more than one): a single walk of the leased rows'
+    -- entries, reading every leased row, rather than a walk per owner.
     v_tids := ARRAY(
         SELECT t.ctid
           FROM "public".wp_outbox t
@@ -69,8 +86,17 @@ BEGIN
                           SELECT w.message_id AS k
                             FROM "public".wp_outbox w
                            WHERE w.processed_at IS NULL AND w.instance_id IS NOT NULL AND w.instance_id = i.id
-                          OFFSET 0) x))
-           AND t.processed_at IS NULL AND t.instance_id IS NOT NULL AND t.instance_id = ANY (p_ids)
+                          OFFSET 0) x
+                    WHERE v_one
+                   UNION ALL
+                   SELECT w.message_id
+                     FROM "public".wp_outbox w
+                    WHERE NOT v_one AND w.processed_at IS NULL AND w.instance_id IS NOT NULL
+                      AND (w.instance_id = ANY (p_ids)) IS TRUE))
+           -- (IS TRUE: spelled plainly, these tests imply _wake's predicate,
+           -- and a plan made while the table was nearly empty, kept for the
+           -- session, could walk _wake and read every leased row.)
+           AND (t.processed_at IS NULL AND t.instance_id = ANY (p_ids)) IS TRUE
          ORDER BY t.message_id
            FOR UPDATE);
     UPDATE "public".wp_outbox t
@@ -79,10 +105,13 @@ BEGIN
        AND t.instance_id = ANY (p_ids);
     GET DIAGNOSTICS v_c = ROW_COUNT;
     v_n := v_n + v_c;
-    -- The owners' rows are found on _wake, one walk of its entries per
-    -- owner testing its second key (an array test there would read every
-    -- waiting row from the table), and then locked by key: a row a renewal
-    -- wrote meanwhile is still found, at its new version.
+    -- The owners' rows are found on _wake, and then locked by key: a row a
+    -- renewal wrote meanwhile is still found, at its new version. One
+    -- owner's rows: a walk of _wake's entries testing its second key, which
+    -- reads from the table only that owner's rows (an array test there
+    -- would read every waiting row from the table). Several owners' (an
+    -- eviction of more than one): a single walk of the leased rows'
+    -- entries, reading every leased row, rather than a walk per owner.
     v_tids := ARRAY(
         SELECT t.ctid
           FROM "public".wp_inbox t
@@ -93,8 +122,17 @@ BEGIN
                           SELECT w.message_id AS k
                             FROM "public".wp_inbox w
                            WHERE w.processed_at IS NULL AND w.instance_id IS NOT NULL AND w.instance_id = i.id
-                          OFFSET 0) x))
-           AND t.processed_at IS NULL AND t.instance_id IS NOT NULL AND t.instance_id = ANY (p_ids)
+                          OFFSET 0) x
+                    WHERE v_one
+                   UNION ALL
+                   SELECT w.message_id
+                     FROM "public".wp_inbox w
+                    WHERE NOT v_one AND w.processed_at IS NULL AND w.instance_id IS NOT NULL
+                      AND (w.instance_id = ANY (p_ids)) IS TRUE))
+           -- (IS TRUE: spelled plainly, these tests imply _wake's predicate,
+           -- and a plan made while the table was nearly empty, kept for the
+           -- session, could walk _wake and read every leased row.)
+           AND (t.processed_at IS NULL AND t.instance_id = ANY (p_ids)) IS TRUE
          ORDER BY t.message_id
            FOR UPDATE);
     UPDATE "public".wp_inbox t
@@ -103,10 +141,13 @@ BEGIN
        AND t.instance_id = ANY (p_ids);
     GET DIAGNOSTICS v_c = ROW_COUNT;
     v_n := v_n + v_c;
-    -- The owners' rows are found on _wake, one walk of its entries per
-    -- owner testing its second key (an array test there would read every
-    -- waiting row from the table), and then locked by key: a row a renewal
-    -- wrote meanwhile is still found, at its new version.
+    -- The owners' rows are found on _wake, and then locked by key: a row a
+    -- renewal wrote meanwhile is still found, at its new version. One
+    -- owner's rows: a walk of _wake's entries testing its second key, which
+    -- reads from the table only that owner's rows (an array test there
+    -- would read every waiting row from the table). Several owners' (an
+    -- eviction of more than one): a single walk of the leased rows'
+    -- entries, reading every leased row, rather than a walk per owner.
     v_tids := ARRAY(
         SELECT t.ctid
           FROM "public".wp_perspective_events t
@@ -117,8 +158,17 @@ BEGIN
                           SELECT w.event_work_id AS k
                             FROM "public".wp_perspective_events w
                            WHERE w.processed_at IS NULL AND w.instance_id IS NOT NULL AND w.instance_id = i.id
-                          OFFSET 0) x))
-           AND t.processed_at IS NULL AND t.instance_id IS NOT NULL AND t.instance_id = ANY (p_ids)
+                          OFFSET 0) x
+                    WHERE v_one
+                   UNION ALL
+                   SELECT w.event_work_id
+                     FROM "public".wp_perspective_events w
+                    WHERE NOT v_one AND w.processed_at IS NULL AND w.instance_id IS NOT NULL
+                      AND (w.instance_id = ANY (p_ids)) IS TRUE))
+           -- (IS TRUE: spelled plainly, these tests imply _wake's predicate,
+           -- and a plan made while the table was nearly empty, kept for the
+           -- session, could walk _wake and read every leased row.)
+           AND (t.processed_at IS NULL AND t.instance_id = ANY (p_ids)) IS TRUE
          ORDER BY t.event_work_id
            FOR UPDATE);
     UPDATE "public".wp_perspective_events t
@@ -127,10 +177,13 @@ BEGIN
        AND t.instance_id = ANY (p_ids);
     GET DIAGNOSTICS v_c = ROW_COUNT;
     v_n := v_n + v_c;
-    -- The owners' rows are found on _wake, one walk of its entries per
-    -- owner testing its second key (an array test there would read every
-    -- waiting row from the table), and then locked by key: a row a renewal
-    -- wrote meanwhile is still found, at its new version.
+    -- The owners' rows are found on _wake, and then locked by key: a row a
+    -- renewal wrote meanwhile is still found, at its new version. One
+    -- owner's rows: a walk of _wake's entries testing its second key, which
+    -- reads from the table only that owner's rows (an array test there
+    -- would read every waiting row from the table). Several owners' (an
+    -- eviction of more than one): a single walk of the leased rows'
+    -- entries, reading every leased row, rather than a walk per owner.
     v_tids := ARRAY(
         SELECT t.ctid
           FROM "public".wp_receptor_processing t
@@ -141,8 +194,17 @@ BEGIN
                           SELECT w.id AS k
                             FROM "public".wp_receptor_processing w
                            WHERE w.completed_at IS NULL AND w.instance_id IS NOT NULL AND w.instance_id = i.id
-                          OFFSET 0) x))
-           AND t.completed_at IS NULL AND t.instance_id IS NOT NULL AND t.instance_id = ANY (p_ids)
+                          OFFSET 0) x
+                    WHERE v_one
+                   UNION ALL
+                   SELECT w.id
+                     FROM "public".wp_receptor_processing w
+                    WHERE NOT v_one AND w.completed_at IS NULL AND w.instance_id IS NOT NULL
+                      AND (w.instance_id = ANY (p_ids)) IS TRUE))
+           -- (IS TRUE: spelled plainly, these tests imply _wake's predicate,
+           -- and a plan made while the table was nearly empty, kept for the
+           -- session, could walk _wake and read every leased row.)
+           AND (t.completed_at IS NULL AND t.instance_id = ANY (p_ids)) IS TRUE
          ORDER BY t.id
            FOR UPDATE);
     UPDATE "public".wp_receptor_processing t
@@ -160,4 +222,34 @@ BEGIN
      WHERE a.stream_id = l.stream_id;
     RETURN v_n;
 END
+$fn$;
+
+-- wp_stats_leases (version 20: scans off, so _wake serves it) counts
+-- unexpired leases per instance and category.
+CREATE OR REPLACE FUNCTION "public".wp_stats_leases(p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (instance_id uuid, category text, leases bigint)
+LANGUAGE sql STABLE
+SET enable_seqscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+    SELECT t.instance_id, 'outbox'::text, count(*)
+      FROM "public".wp_outbox t
+     WHERE t.processed_at IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry >= COALESCE(p_now, now())
+     GROUP BY t.instance_id
+    UNION ALL
+    SELECT t.instance_id, 'inbox'::text, count(*)
+      FROM "public".wp_inbox t
+     WHERE t.processed_at IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry >= COALESCE(p_now, now())
+     GROUP BY t.instance_id
+    UNION ALL
+    SELECT t.instance_id, 'perspective_event'::text, count(*)
+      FROM "public".wp_perspective_events t
+     WHERE t.processed_at IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry >= COALESCE(p_now, now())
+     GROUP BY t.instance_id
+    UNION ALL
+    SELECT t.instance_id, 'receptor'::text, count(*)
+      FROM "public".wp_receptor_processing t
+     WHERE t.completed_at IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry >= COALESCE(p_now, now())
+     GROUP BY t.instance_id
 $fn$;

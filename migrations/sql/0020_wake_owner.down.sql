@@ -1,12 +1,18 @@
 -- Reverts 0020_wake_owner.up.sql: _wake by wake time alone, the leased
--- rows' index by owner, and wp_release_instances of version 6.
+-- rows' index by owner, wp_release_instances of version 6 and
+-- wp_stats_leases of version 2.
+-- (The indexes are built first and the one they replace is dropped last,
+-- as the up migration does.)
 {{range .Cats}}
-DROP INDEX {{$.S}}.{{.Table}}_wake;
-CREATE INDEX {{.Table}}_wake ON {{$.S}}.{{.Table}}
+CREATE INDEX {{.Table}}_wake_old ON {{$.S}}.{{.Table}}
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END))
     WHERE {{.Done}} IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 CREATE INDEX {{.Table}}_leased ON {{$.S}}.{{.Table}} (instance_id)
     WHERE {{.Done}} IS NULL AND instance_id IS NOT NULL;
+{{- end}}
+{{range .Cats}}
+DROP INDEX {{$.S}}.{{.Table}}_wake;
+ALTER INDEX {{$.S}}.{{.Table}}_wake_old RENAME TO {{.Table}}_wake;
 {{- end}}
 
 -- wp_release_instances (version 6) clears every lease and stream ownership held by
@@ -49,4 +55,18 @@ BEGIN
      WHERE a.stream_id = l.stream_id;
     RETURN v_n;
 END
+$fn$;
+
+-- wp_stats_leases (version 2) counts unexpired leases per instance and category.
+CREATE OR REPLACE FUNCTION {{.S}}.wp_stats_leases(p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (instance_id uuid, category text, leases bigint)
+LANGUAGE sql STABLE
+AS $fn$
+{{- range $i, $c := .Cats}}{{if $i}}
+    UNION ALL{{end}}
+    SELECT t.instance_id, '{{.Name}}'::text, count(*)
+      FROM {{$.S}}.{{.Table}} t
+     WHERE t.{{.Done}} IS NULL AND t.instance_id IS NOT NULL AND t.lease_expiry >= COALESCE(p_now, now())
+     GROUP BY t.instance_id
+{{- end}}
 $fn$;
