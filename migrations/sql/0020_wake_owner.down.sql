@@ -1,18 +1,15 @@
 -- Reverts 0020_wake_owner.up.sql: _wake by wake time alone, the leased
 -- rows' index by owner, wp_release_instances of version 6 and
 -- wp_stats_leases of version 2.
--- (The indexes are built first and the one they replace is dropped last,
+-- (Each table's index is dropped before the ones replacing it are built,
 -- as the up migration does.)
 {{range .Cats}}
-CREATE INDEX {{.Table}}_wake_old ON {{$.S}}.{{.Table}}
+DROP INDEX {{$.S}}.{{.Table}}_wake;
+CREATE INDEX {{.Table}}_wake ON {{$.S}}.{{.Table}}
     ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END))
     WHERE {{.Done}} IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 CREATE INDEX {{.Table}}_leased ON {{$.S}}.{{.Table}} (instance_id)
     WHERE {{.Done}} IS NULL AND instance_id IS NOT NULL;
-{{- end}}
-{{range .Cats}}
-DROP INDEX {{$.S}}.{{.Table}}_wake;
-ALTER INDEX {{$.S}}.{{.Table}}_wake_old RENAME TO {{.Table}}_wake;
 {{- end}}
 
 -- wp_release_instances (version 6) clears every lease and stream ownership held by

@@ -17,19 +17,18 @@
 -- entries once and reads every leased row. It then locks the rows by key.
 -- wp_stats_leases reads the leased rows through _wake too.
 --
--- The new _wake is built beside the old one first (each build reads its
--- table and holds off writes to it until the migration's transaction
--- commits); the old indexes are dropped last, since a drop holds off
--- reads too, from then until the commit.
-{{range .Cats}}
-CREATE INDEX {{.Table}}_wake_new ON {{$.S}}.{{.Table}}
-    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
-    WHERE {{.Done}} IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
-{{- end}}
+-- Each table's old indexes are dropped before its new _wake is built:
+-- the drop takes the table's exclusive lock first, so reads and writes of
+-- the table wait from then until the migration's transaction commits.
+-- (Building first would take a lighter lock and then ask for the exclusive
+-- one, and a pump that read the table meanwhile and then wrote it would
+-- deadlock with the migration.)
 {{range .Cats}}
 DROP INDEX {{$.S}}.{{.Table}}_leased;
 DROP INDEX {{$.S}}.{{.Table}}_wake;
-ALTER INDEX {{$.S}}.{{.Table}}_wake_new RENAME TO {{.Table}}_wake;
+CREATE INDEX {{.Table}}_wake ON {{$.S}}.{{.Table}}
+    ((CASE WHEN instance_id IS NULL THEN scheduled_for ELSE lease_expiry END), instance_id)
+    WHERE {{.Done}} IS NULL AND (instance_id IS NOT NULL OR scheduled_for IS NOT NULL);
 {{- end}}
 
 -- wp_release_instances (version 20: rows found on _wake) clears every
