@@ -41,6 +41,7 @@ func ExampleRender() {
 	// 0018_key_ranges: creates wp_ objects in "shop": true
 	// 0019_lean_claims: creates wp_ objects in "shop": true
 	// 0020_wake_owner: creates wp_ objects in "shop": true
+	// 0021_join_free_writes: creates wp_ objects in "shop": true
 	// true
 }
 

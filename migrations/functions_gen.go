@@ -6,7 +6,7 @@ package migrations
 // function's signature and FunctionsSQL checksum, read from a database
 // the generator migrated.
 var expectedFunctions = functionSet{
-	version: 20,
+	version: 21,
 	list: []InstalledFunction{
 		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
@@ -17,7 +17,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "155d66add5b481f810c20c6029acb1e1"},
 		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone, integer)", Checksum: "20fe9d2dad8761eb95a5e8a9381d9c9d"},
 		{Signature: "wp_cleanup_stale_instances(bigint, bigint, timestamp with time zone, bigint)", Checksum: "b20bb9a3a8c04082f3ee1bae22183e92"},
-		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "c83032baccfec8aac2be8949f7df15c2"},
+		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "e4a1f7769ae9a5a85a40440dcffe4987"},
 		{Signature: "wp_cut_batch(uuid[], tid[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], integer)", Checksum: "f6ad137f1a0832d155f6ffd16497c71f"},
 		{Signature: "wp_deregister(uuid, timestamp with time zone)", Checksum: "7ac5d219b34af519bc777eb7eb387d5f"},
 		{Signature: "wp_enqueue(text[], uuid[], text[], integer[], text[], text[], bytea[], text[], timestamp with time zone[], timestamp with time zone, boolean)", Checksum: "bca5dc3033818142d0f3e046ba78e9c6"},
@@ -45,8 +45,8 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_rank_of(integer, integer)", Checksum: "a08ece32aaedf86d4068c6e19578415d"},
 		{Signature: "wp_record_heartbeat(uuid, text, text, integer, text, bigint, bigint, timestamp with time zone, boolean, bigint, boolean, bigint)", Checksum: "96121f9020a667cb0fdab233f2245e50"},
 		{Signature: "wp_release(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "84f1d42e3252d203c4e6cce573521754"},
-		{Signature: "wp_release_instances(uuid[])", Checksum: "ebbc2bf27be13fe80eb788ce322012b4"},
-		{Signature: "wp_renew_leases(uuid, text, uuid[], bigint, timestamp with time zone)", Checksum: "14115477c9c3364a5dccc268ae874679"},
+		{Signature: "wp_release_instances(uuid[])", Checksum: "8ac91fce5d95a5134a2b8abe81eaffe0"},
+		{Signature: "wp_renew_leases(uuid, text, uuid[], bigint, timestamp with time zone)", Checksum: "1418c8e4f953e1d3aa47d980e50dcbd8"},
 		{Signature: "wp_resume_work(text, boolean, text)", Checksum: "a527ec79a8752c128e0765c06c77856d"},
 		{Signature: "wp_retry_delay(integer, bigint, bigint)", Checksum: "47f481716bc22f48046d99f2861973eb"},
 		{Signature: "wp_settle_streams(uuid, text[], integer[], text[])", Checksum: "ac499e9699818d9aff9f0be0cfbf9490"},

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/workpump/workpump/driver"
 	"github.com/workpump/workpump/internal/pgtest"
@@ -379,27 +380,13 @@ func TestCompleteRunsAgainAfterLosingADeadlock(t *testing.T) {
 		res, err := c.Complete(ctx, inst, []driver.Ref{w.Ref()})
 		done <- acked{res, err}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var waiting bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND query LIKE '%wp_complete%' AND $1 = ANY (pg_blocking_pids(pid)))`,
-			holderPID).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
+	waitBlockedBy(t, pool, "wp_complete", holderPID, "the stream's ownership row", func() {
 		select {
 		case r := <-done:
 			t.Fatalf("the completion returned while the stream's ownership row was held: %+v, %v", r.res, r.err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the completion never waited for the stream's ownership row")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	})
 	// Closes the cycle; returns once Postgres has rolled the completion back.
 	var n int
 	if err := holder.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s.wp_outbox WHERE message_id = $1 FOR UPDATE) x`, sch), w.ID).Scan(&n); err != nil {
@@ -423,5 +410,114 @@ func TestCompleteRunsAgainAfterLosingADeadlock(t *testing.T) {
 	}
 	if _, owned, err := c.GetStreamOwner(ctx, "s"); err != nil || owned {
 		t.Fatalf("stream s still has an owner after its last row completed (owned=%v, err=%v)", owned, err)
+	}
+}
+
+// TestCompleteLocksRowsInKeyOrder: a completion locks its rows of work in
+// key order, as the renewal, the release and Fail lock them, so that two
+// of an instance's calls over the same rows cannot deadlock. The rows lie
+// in the table in the reverse of their key order, and a session holds the
+// row with the smallest key: the completion waits for it before it has
+// locked any other row (a scan in table order would lock every other row
+// first).
+func TestCompleteLocksRowsInKeyOrder(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	c := mustNew(t, pool, Options{Schema: schema})
+	inst := uuid.New()
+	register(t, c, inst)
+	const n = 200
+	items := make([]driver.NewWork, n)
+	for i := range items {
+		var id uuid.UUID
+		id[0], id[15] = byte(n-i), byte(n-i) // descending keys, in table order
+		items[i] = driver.NewWork{Category: driver.Outbox, ID: id, Name: "n"}
+	}
+	if _, err := c.Enqueue(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	got := claimAll(t, c, inst)
+	if len(got) != n {
+		t.Fatalf("claimed %d rows, want %d", len(got), n)
+	}
+	refs := make([]driver.Ref, n)
+	for i, w := range got {
+		refs[i] = w.Ref()
+	}
+	sch := pgx.Identifier{schema}.Sanitize()
+	var first uuid.UUID
+	first[0], first[15] = 1, 1
+
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %s.wp_outbox WHERE message_id = $1 FOR UPDATE`, sch), first); err != nil {
+		t.Fatal(err)
+	}
+	var holderPID uint32
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
+		t.Fatal(err)
+	}
+	type acked struct {
+		res driver.AckResult
+		err error
+	}
+	done := make(chan acked, 1)
+	go func() {
+		res, err := c.Complete(ctx, inst, refs)
+		done <- acked{res, err}
+	}()
+	completer := waitBlockedBy(t, pool, "wp_complete", holderPID, "its first row", func() {
+		select {
+		case r := <-done:
+			t.Fatalf("the completion returned while its first row was held: %+v, %v", r.res, r.err)
+		default:
+		}
+	})
+	// Rows the completion has locked (or deleted) so far carry its
+	// transaction id; before it writes anything it has none.
+	var locked int
+	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s.wp_outbox o, pg_stat_activity a
+		WHERE a.pid = $1 AND a.backend_xid IS NOT NULL AND o.xmax::text = a.backend_xid::text`, sch), completer).Scan(&locked); err != nil {
+		t.Fatal(err)
+	}
+	if locked != 0 {
+		t.Errorf("the completion locked %d rows before waiting for the row with the smallest key; want 0 (rows locked in key order)", locked)
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.res.Applied != n {
+		t.Fatalf("Complete: %+v, %v; want all %d applied", r.res, r.err, n)
+	}
+}
+
+// waitBlockedBy waits until a session running a statement that contains
+// text is blocked by the session holder (waiting for what, in the
+// failure), and returns its pid. check runs on every poll; it fails the
+// test when the call under test has returned instead.
+func waitBlockedBy(t *testing.T, pool *pgxpool.Pool, text string, holder uint32, what string, check func()) uint32 {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var pid uint32
+		err := pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND strpos(query, $1) > 0 AND $2 = ANY (pg_blocking_pids(pid)) LIMIT 1`,
+			text, holder).Scan(&pid)
+		if err == nil {
+			return pid
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		check()
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s call waited for %s within 30 s", text, what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

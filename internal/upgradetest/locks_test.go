@@ -13,12 +13,13 @@ import (
 
 // TestNewestMigrationBesideAReaderThatWrites: the newest version, up and
 // then down, applies while a session that has read every work table goes
-// on to write each of them, as a pump's claim does: the migration waits
-// for the session, the session's writes are not refused as a deadlock,
-// and the migration completes once the session commits. A migration that
-// took a table's lighter lock first (an index build) and asked for its
-// exclusive lock later (a drop) would deadlock with such a session, and
-// Postgres would abort one of the two.
+// on to write each of them, as a pump's claim does: a migration that
+// locks a table waits for the session, the session's writes are not
+// refused as a deadlock, and the migration completes once the session
+// commits (a migration that locks no table the session holds completes
+// at once). A migration that took a table's lighter lock first (an index
+// build) and asked for its exclusive lock later (a drop) would deadlock
+// with such a session, and Postgres would abort one of the two.
 func TestNewestMigrationBesideAReaderThatWrites(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -53,7 +54,13 @@ func TestNewestMigrationBesideAReaderThatWrites(t *testing.T) {
 			}
 			done <- err
 		}()
-		waitForOtherLockWait(t, pid, schema)
+		ended, err := waitForOtherLockWaitOrEnd(t, pid, schema, done)
+		if ended {
+			if err != nil {
+				t.Fatalf("%s: the migration beside the reader: %v", dir, err)
+			}
+			t.Logf("%s: the migration waited for no lock the reader holds", dir)
+		}
 		for _, c := range driver.Categories {
 			if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %q.%s SET attempts = attempts WHERE false`, schema, migrations.Table(string(c)))); err != nil {
 				t.Fatalf("%s: the reader's write to %s beside the migration: %v", dir, c, err)
@@ -61,6 +68,9 @@ func TestNewestMigrationBesideAReaderThatWrites(t *testing.T) {
 		}
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatalf("%s: the reader's commit: %v", dir, err)
+		}
+		if ended {
+			continue
 		}
 		select {
 		case err := <-done:
@@ -80,12 +90,18 @@ func TestNewestMigrationBesideAReaderThatWrites(t *testing.T) {
 	}
 }
 
-// waitForOtherLockWait waits until a session other than pid waits for a
-// lock on a relation of schema.
-func waitForOtherLockWait(t *testing.T, pid int, schema string) {
+// waitForOtherLockWaitOrEnd waits until a session other than pid waits
+// for a lock on a relation of schema, or until the migration ends (done
+// delivers its outcome; ended reports which).
+func waitForOtherLockWaitOrEnd(t *testing.T, pid int, schema string, done <-chan error) (ended bool, err error) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
+		select {
+		case err := <-done:
+			return true, err
+		default:
+		}
 		var n int
 		if err := pgtest.Pool(t).QueryRow(context.Background(), `SELECT count(*) FROM pg_locks l
 			JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace s ON s.oid = c.relnamespace
@@ -93,10 +109,10 @@ func waitForOtherLockWait(t *testing.T, pid int, schema string) {
 			t.Fatal(err)
 		}
 		if n > 0 {
-			return
+			return false, nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the migration was not seen waiting for a lock within 30 s")
+			t.Fatal("the migration neither waited for a lock nor ended within 30 s")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
