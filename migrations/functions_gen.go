@@ -8,7 +8,7 @@ package migrations
 var expectedFunctions = functionSet{
 	version: 21,
 	list: []InstalledFunction{
-		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "b9955bd5f610528c2e4eddd2888bb8a6"},
+		{Signature: "wp_act_on_dead_letters(text, text, text, text, text, timestamp with time zone, timestamp with time zone, uuid[], boolean, timestamp with time zone)", Checksum: "304ab5005077042f8cd8a7f628a09464"},
 		{Signature: "wp_alive_lock_key(uuid)", Checksum: "e9a590ff99162e2d74b1988f318a2146"},
 		{Signature: "wp_cancel_work(text, uuid[], text, timestamp with time zone)", Checksum: "f4f10c09bd05922fa7df856b9f4d52f9"},
 		{Signature: "wp_channel(uuid)", Checksum: "be4f6d9974039587cc8205af6103bd0f"},
@@ -40,7 +40,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_pause_work(text, boolean, text, timestamp with time zone)", Checksum: "5ef757326a01cf232aee18e9ae71d0b4"},
 		{Signature: "wp_paused()", Checksum: "15b3624fbee94c04347d7b47628982b1"},
 		{Signature: "wp_polls_by_itself(uuid)", Checksum: "e7ba9300dd1a8427c3ecf908dce272f6"},
-		{Signature: "wp_purge(bigint, bigint, bigint, timestamp with time zone)", Checksum: "9137c0eaa6342ddc5f2fd033fe95ec02"},
+		{Signature: "wp_purge(bigint, bigint, bigint, timestamp with time zone)", Checksum: "d8936c60da1c152703259b6750c51b2b"},
 		{Signature: "wp_rank_key(integer)", Checksum: "834d40197dfe58d6fb1fef892d60d08f"},
 		{Signature: "wp_rank_of(integer, integer)", Checksum: "a08ece32aaedf86d4068c6e19578415d"},
 		{Signature: "wp_record_heartbeat(uuid, text, text, integer, text, bigint, bigint, timestamp with time zone, boolean, bigint, boolean, bigint)", Checksum: "96121f9020a667cb0fdab233f2245e50"},

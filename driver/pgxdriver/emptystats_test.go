@@ -11,19 +11,25 @@ import (
 	"github.com/workpump/workpump/driver"
 )
 
+// readSQL sums the rows of table $1 that this transaction read: through
+// its indexes (fetchedSQL), and by sequential scans.
+const readSQL = `SELECT (` + fetchedSQL + `) + pg_stat_get_xact_tuples_returned($1::regclass)`
+
 // TestWritesReadEachRowOnceWhenStatisticsSayEmpty: a renewal, a
-// completion, a deregistration and an eviction read each row they write
-// about once, on plans made while the tables' statistics say they are
-// empty. A vacuum that finds a table empty (a drained queue; the stream
-// ownership table between bursts) leaves it so; every session then plans
-// these functions on it until the next vacuum. A write that joined a table
-// to a list of rows was planned with the table outside the join, and read
-// the whole list once per row of the table.
+// completion, a deregistration, an eviction, a retry of dead letters and
+// a purge of stream ownership read about once each row they write or look
+// at, on plans made while the tables' statistics say they are empty. A
+// vacuum that finds a table empty (a drained queue; the stream ownership
+// table between bursts) leaves it so; every session then plans these
+// functions on it until the next vacuum. A write that joined a table to a
+// list of rows was planned with the table outside the join, and read the
+// whole list once per row of the table.
 //
 // The tables are filled, drained and vacuumed, autovacuum is turned off
 // for them, and then two instances hold 1 000 rows each over 1 000
-// streams each. Each call runs in a transaction that is rolled back, on a
-// session that planned nothing before the vacuum.
+// streams each, and 100 of the second's have become dead letters. Each
+// call runs in a transaction that is rolled back, and what it changed is
+// read in that transaction.
 func TestWritesReadEachRowOnceWhenStatisticsSayEmpty(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -60,6 +66,16 @@ func TestWritesReadEachRowOnceWhenStatisticsSayEmpty(t *testing.T) {
 	if len(heldA) != 1000 || len(heldB) != 1000 {
 		t.Fatalf("claims took %d and %d rows; want 1000 each", len(heldA), len(heldB))
 	}
+	// b's first 100 rows fail for good: dead letters, their streams settled.
+	const dead = 100
+	var fails []driver.Failure
+	for _, w := range heldB[:dead] {
+		fails = append(fails, driver.Failure{Ref: w.Ref(), Error: "gave up"})
+	}
+	if ack, err := c.Fail(ctx, driver.FailRequest{InstanceID: b, Failures: fails, MaxAttempts: 1, RetryBase: time.Second, RetryMax: time.Second}); err != nil || ack.Applied != dead {
+		t.Fatalf("Fail: %+v, %v", ack, err)
+	}
+	heldB = heldB[dead:]
 	ids := make([]uuid.UUID, len(heldA))
 	atts := make([]int32, len(heldA))
 	cats := make([]string, len(heldA))
@@ -67,31 +83,57 @@ func TestWritesReadEachRowOnceWhenStatisticsSayEmpty(t *testing.T) {
 		ids[i], atts[i], cats[i] = w.ID, int32(w.Attempts), string(w.Category)
 	}
 	s := c.Schema()
+	var pending int
+	if err := c.Pool().QueryRow(ctx, `SELECT count(*) FROM `+outbox).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	// what a's and b's rows and streams look like: leased, renewed (lease
+	// past half an hour), owned, owned with a renewed stream lease
+	heldSQL := fmt.Sprintf(`SELECT (SELECT count(*) FROM %[1]s WHERE instance_id = ANY ($1::uuid[])),
+		(SELECT count(*) FROM %[1]s WHERE instance_id = ANY ($1::uuid[]) AND lease_expiry > now() + interval '30 minutes'),
+		(SELECT count(*) FROM %[2]s WHERE assigned_instance_id = ANY ($1::uuid[])),
+		(SELECT count(*) FROM %[2]s WHERE assigned_instance_id = ANY ($1::uuid[]) AND lease_expiry > now() + interval '30 minutes')`, outbox, streams)
+	deadSQL := fmt.Sprintf(`SELECT (SELECT count(*) FROM %q.wp_dead_letters),
+		(SELECT count(*) FROM %s WHERE last_error LIKE 'retried from the dead letters%%'), 0, 0`, s, outbox)
 	calls := []struct {
 		name string
 		sql  string
 		args []any
 		// at most this many rows of the outbox and of the ownership table
-		// fetched, and this many affected (the rows it returned, or what
-		// it released)
-		outbox, streams, want int
-		// after the call: rows of the outbox and of the ownership table
-		// in the state the call leaves them in, read in its transaction
-		left string
+		// read
+		outbox, streams int
+		// the call's count (rows returned, released or purged), and what
+		// it changes: the four counts of state, read before and after the
+		// call in its transaction, for the instances in of, or of the dead
+		// letters (state), move by these
+		want  int
+		of    []uuid.UUID
+		state string
+		moved [4]int
 	}{
 		{"renew", fmt.Sprintf(`SELECT count(*) FROM %q.wp_renew_leases($1::uuid, 'outbox', $2::uuid[], $3::bigint, $4::timestamptz)`, s),
-			[]any{a, ids, int64(time.Hour), nowArg(c)}, 2 * len(ids), 2 * len(ids), len(ids),
-			fmt.Sprintf(`SELECT (SELECT count(*) FROM %[1]s WHERE instance_id = $1 AND lease_expiry > now() + interval '30 minutes'),
-			                    (SELECT count(*) FROM %[2]s WHERE assigned_instance_id = $1 AND lease_expiry > now() + interval '30 minutes')`, outbox, streams)},
+			[]any{a, ids, int64(time.Hour), nowArg(c)}, 2 * len(ids), 2 * len(ids),
+			len(ids), []uuid.UUID{a}, heldSQL, [4]int{0, 1000, 0, 1000}},
 		{"complete", fmt.Sprintf(`SELECT count(*) FROM %q.wp_complete($1::uuid, $2::text[], $3::uuid[], $4::integer[], $5::timestamptz)`, s),
-			[]any{a, cats, ids, atts, nowArg(c)}, 2 * len(ids), 2 * len(ids), len(ids),
-			fmt.Sprintf(`SELECT 1000 - (SELECT count(*) FROM %[1]s WHERE instance_id = $1), 1000 - (SELECT count(*) FROM %[2]s WHERE assigned_instance_id = $1)`, outbox, streams)},
+			[]any{a, cats, ids, atts, nowArg(c)}, 2 * len(ids), 2 * len(ids),
+			len(ids), []uuid.UUID{a}, heldSQL, [4]int{-1000, 0, -1000, 0}},
 		{"deregister", fmt.Sprintf(`SELECT 1000 FROM %q.wp_deregister($1::uuid, $2::timestamptz)`, s),
-			[]any{a, nowArg(c)}, 2 * len(ids), 2*len(ids) + 2*len(heldB), len(ids),
-			fmt.Sprintf(`SELECT 1000 - (SELECT count(*) FROM %[1]s WHERE instance_id = $1), 1000 - (SELECT count(*) FROM %[2]s WHERE assigned_instance_id = $1)`, outbox, streams)},
+			[]any{a, nowArg(c)}, 2 * len(ids), 2*len(ids) + 2*len(heldB),
+			1000, []uuid.UUID{a}, heldSQL, [4]int{-1000, 0, -1000, 0}},
 		{"evict two", fmt.Sprintf(`SELECT %q.wp_release_instances(ARRAY[$1::uuid, $2::uuid])`, s),
-			[]any{a, b}, 2 * (len(ids) + len(heldB)), 2 * (len(ids) + len(heldB)), len(ids) + len(heldB),
-			fmt.Sprintf(`SELECT 2000 - (SELECT count(*) FROM %[1]s WHERE instance_id IN ($1, $2)), 2000 - (SELECT count(*) FROM %[2]s WHERE assigned_instance_id IN ($1, $2))`, outbox, streams)},
+			[]any{a, b}, 2 * (len(ids) + len(heldB)), 2 * (len(ids) + len(heldB)),
+			len(ids) + len(heldB), []uuid.UUID{a, b}, heldSQL, [4]int{-1900, 0, -1900, 0}},
+		// (a retry enqueues each dead letter again and marks its new row;
+		// its check that no row holds a dead letter's id again may read
+		// the table's keys once, as a hashed set)
+		{"retry dead letters", fmt.Sprintf(`SELECT count(*) FROM %q.wp_act_on_dead_letters('retry', 'outbox', NULL, NULL, NULL, NULL, NULL, NULL, false, NULL) WHERE outcome = 'retried'`, s),
+			nil, pending + 4*dead, 0,
+			dead, nil, deadSQL, [4]int{-dead, dead, 0, 0}},
+		// (every stream is owned with a live lease: nothing to purge, but
+		// the purge looks at every ownership row and every lock row once)
+		{"purge streams", fmt.Sprintf(`SELECT streams FROM %q.wp_purge(NULL, NULL, 1, NULL)`, s),
+			nil, 0, 4 * (len(ids) + len(heldB) + dead),
+			0, []uuid.UUID{a, b}, heldSQL, [4]int{}},
 	}
 	for _, call := range calls {
 		t.Run(call.name, func(t *testing.T) {
@@ -106,37 +148,44 @@ func TestWritesReadEachRowOnceWhenStatisticsSayEmpty(t *testing.T) {
 			}
 			defer tx.Rollback(ctx)
 			fetched := func() (o, st int64) {
-				if err := tx.QueryRow(ctx, fetchedSQL, outbox).Scan(&o); err != nil {
+				if err := tx.QueryRow(ctx, readSQL, outbox).Scan(&o); err != nil {
 					t.Fatal(err)
 				}
-				if err := tx.QueryRow(ctx, fetchedSQL, streams).Scan(&st); err != nil {
+				if err := tx.QueryRow(ctx, readSQL, streams).Scan(&st); err != nil {
 					t.Fatal(err)
 				}
 				return o, st
 			}
+			state := func() (n [4]int) {
+				var args []any
+				if call.of != nil {
+					args = []any{call.of}
+				}
+				if err := tx.QueryRow(ctx, call.state, args...).Scan(&n[0], &n[1], &n[2], &n[3]); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			before := state()
 			o0, s0 := fetched()
 			var n int
 			if err := tx.QueryRow(ctx, call.sql, call.args...).Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			o1, s1 := fetched()
+			after := state()
 			if n != call.want {
 				t.Errorf("%s: %d rows; want %d", call.name, n, call.want)
 			}
-			// (the ownership rows: each instance owns one stream per row)
-			var rows, owned int
-			args := []any{a}
-			if call.want > len(ids) {
-				args = append(args, b)
+			var moved [4]int
+			for i := range moved {
+				moved[i] = after[i] - before[i]
 			}
-			if err := tx.QueryRow(ctx, call.left, args...).Scan(&rows, &owned); err != nil {
-				t.Fatal(err)
-			}
-			if rows != call.want || owned != call.want {
-				t.Errorf("%s: %d rows and %d streams in the state it leaves them in; want %d of each", call.name, rows, owned, call.want)
+			if moved != call.moved {
+				t.Errorf("%s moved the counts of state by %v; want %v", call.name, moved, call.moved)
 			}
 			if o1-o0 > int64(call.outbox) || s1-s0 > int64(call.streams) {
-				t.Errorf("%s fetched %d outbox rows (at most %d wanted) and %d stream ownership rows (at most %d wanted)",
+				t.Errorf("%s read %d outbox rows (at most %d wanted) and %d stream ownership rows (at most %d wanted)",
 					call.name, o1-o0, call.outbox, s1-s0, call.streams)
 			}
 		})
