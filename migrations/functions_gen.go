@@ -17,7 +17,7 @@ var expectedFunctions = functionSet{
 		{Signature: "wp_claim_streams(uuid, text[], integer[], timestamp with time zone, timestamp with time zone)", Checksum: "155d66add5b481f810c20c6029acb1e1"},
 		{Signature: "wp_claim_work(uuid, text[], bigint, integer, timestamp with time zone, integer)", Checksum: "20fe9d2dad8761eb95a5e8a9381d9c9d"},
 		{Signature: "wp_cleanup_stale_instances(bigint, bigint, timestamp with time zone, bigint)", Checksum: "b20bb9a3a8c04082f3ee1bae22183e92"},
-		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "e4a1f7769ae9a5a85a40440dcffe4987"},
+		{Signature: "wp_complete(uuid, text[], uuid[], integer[], timestamp with time zone)", Checksum: "65224eb4563441948a458fd0e76b689d"},
 		{Signature: "wp_cut_batch(uuid[], tid[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], integer)", Checksum: "f6ad137f1a0832d155f6ffd16497c71f"},
 		{Signature: "wp_deregister(uuid, timestamp with time zone)", Checksum: "7ac5d219b34af519bc777eb7eb387d5f"},
 		{Signature: "wp_enqueue(text[], uuid[], text[], integer[], text[], text[], bytea[], text[], timestamp with time zone[], timestamp with time zone, boolean)", Checksum: "bca5dc3033818142d0f3e046ba78e9c6"},

@@ -21,9 +21,9 @@
 -- Now each of those writes reaches its table by key: rows locked in one
 -- statement are written by key in the next (= ANY of an array), the
 -- completion finds its rows by key (= ANY of the ids, through the primary
--- key's index in key order) with the attempt fence as a hashed test of
--- (id, attempts) pairs (IS TRUE keeps it from becoming a join), and the
--- dead-letter actions find the rows of work by key and read each row's
+-- key's index in key order, bitmap scans off for that statement) with the
+-- attempt fence as a hashed test of (id, attempts) pairs (IS TRUE keeps it
+-- from becoming a join), and the dead-letter actions find the rows of work by key and read each row's
 -- dead letter by a lookup from that row. Each such write reads the rows it
 -- writes, whatever the statistics say. Rows are still locked in key order
 -- where they were.
@@ -168,10 +168,6 @@ CREATE OR REPLACE FUNCTION "public".wp_complete(
 RETURNS TABLE (category text, id uuid)
 LANGUAGE plpgsql
 SET enable_seqscan = off
--- (the rows are found by an index scan, which visits the keys in order, so
--- they are locked in key order as every other writer locks them; a bitmap
--- scan would lock them in table order)
-SET enable_bitmapscan = off
 SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $fn$
@@ -186,11 +182,18 @@ DECLARE
     x_parts   integer[];
     v_parts   integer[] := '{}';
     v_scats   text[] := '{}';
+    v_bitmap  text := current_setting('enable_bitmapscan');
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_categories) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_attempts) THEN
         RAISE EXCEPTION 'workpump: wp_complete: argument arrays differ in length' USING ERRCODE = '22023';
     END IF;
     IF 'outbox' = ANY (p_categories) THEN
+        -- The rows are found by an index scan, which visits the keys in
+        -- order, so they are locked in key order as every other writer
+        -- locks them (a bitmap scan would lock them in table order). The
+        -- setting is in force while this statement is planned (its plan is
+        -- kept) and set back before the settle below plans its own.
+        PERFORM set_config('enable_bitmapscan', 'off', true);
         WITH r AS MATERIALIZED (
             SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att)
              WHERE u.cat = 'outbox' ORDER BY u.k),
@@ -203,6 +206,7 @@ BEGIN
         SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> ''),
                array_agg(d.partition_number) FILTER (WHERE d.stream_id <> '')
           INTO x_ids, x_streams, x_parts FROM d;
+        PERFORM set_config('enable_bitmapscan', v_bitmap, true);
         IF x_ids IS NOT NULL THEN
             v_cat := v_cat || array_fill('outbox'::text, ARRAY[cardinality(x_ids)]);
             v_ids := v_ids || x_ids;
@@ -214,6 +218,12 @@ BEGIN
         END IF;
     END IF;
     IF 'inbox' = ANY (p_categories) THEN
+        -- The rows are found by an index scan, which visits the keys in
+        -- order, so they are locked in key order as every other writer
+        -- locks them (a bitmap scan would lock them in table order). The
+        -- setting is in force while this statement is planned (its plan is
+        -- kept) and set back before the settle below plans its own.
+        PERFORM set_config('enable_bitmapscan', 'off', true);
         WITH r AS MATERIALIZED (
             SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att)
              WHERE u.cat = 'inbox' ORDER BY u.k),
@@ -227,6 +237,7 @@ BEGIN
         SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> ''),
                array_agg(d.partition_number) FILTER (WHERE d.stream_id <> '')
           INTO x_ids, x_streams, x_parts FROM d;
+        PERFORM set_config('enable_bitmapscan', v_bitmap, true);
         IF x_ids IS NOT NULL THEN
             v_cat := v_cat || array_fill('inbox'::text, ARRAY[cardinality(x_ids)]);
             v_ids := v_ids || x_ids;
@@ -238,6 +249,12 @@ BEGIN
         END IF;
     END IF;
     IF 'perspective_event' = ANY (p_categories) THEN
+        -- The rows are found by an index scan, which visits the keys in
+        -- order, so they are locked in key order as every other writer
+        -- locks them (a bitmap scan would lock them in table order). The
+        -- setting is in force while this statement is planned (its plan is
+        -- kept) and set back before the settle below plans its own.
+        PERFORM set_config('enable_bitmapscan', 'off', true);
         WITH r AS MATERIALIZED (
             SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att)
              WHERE u.cat = 'perspective_event' ORDER BY u.k),
@@ -250,6 +267,7 @@ BEGIN
         SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> ''),
                array_agg(d.partition_number) FILTER (WHERE d.stream_id <> '')
           INTO x_ids, x_streams, x_parts FROM d;
+        PERFORM set_config('enable_bitmapscan', v_bitmap, true);
         IF x_ids IS NOT NULL THEN
             v_cat := v_cat || array_fill('perspective_event'::text, ARRAY[cardinality(x_ids)]);
             v_ids := v_ids || x_ids;
@@ -261,6 +279,12 @@ BEGIN
         END IF;
     END IF;
     IF 'receptor' = ANY (p_categories) THEN
+        -- The rows are found by an index scan, which visits the keys in
+        -- order, so they are locked in key order as every other writer
+        -- locks them (a bitmap scan would lock them in table order). The
+        -- setting is in force while this statement is planned (its plan is
+        -- kept) and set back before the settle below plans its own.
+        PERFORM set_config('enable_bitmapscan', 'off', true);
         WITH r AS MATERIALIZED (
             SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att)
              WHERE u.cat = 'receptor' ORDER BY u.k),
@@ -273,6 +297,7 @@ BEGIN
         SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> ''),
                array_agg(d.partition_number) FILTER (WHERE d.stream_id <> '')
           INTO x_ids, x_streams, x_parts FROM d;
+        PERFORM set_config('enable_bitmapscan', v_bitmap, true);
         IF x_ids IS NOT NULL THEN
             v_cat := v_cat || array_fill('receptor'::text, ARRAY[cardinality(x_ids)]);
             v_ids := v_ids || x_ids;

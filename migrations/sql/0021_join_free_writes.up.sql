@@ -19,9 +19,9 @@
 -- Now each of those writes reaches its table by key: rows locked in one
 -- statement are written by key in the next (= ANY of an array), the
 -- completion finds its rows by key (= ANY of the ids, through the primary
--- key's index in key order) with the attempt fence as a hashed test of
--- (id, attempts) pairs (IS TRUE keeps it from becoming a join), and the
--- dead-letter actions find the rows of work by key and read each row's
+-- key's index in key order, bitmap scans off for that statement) with the
+-- attempt fence as a hashed test of (id, attempts) pairs (IS TRUE keeps it
+-- from becoming a join), and the dead-letter actions find the rows of work by key and read each row's
 -- dead letter by a lookup from that row. Each such write reads the rows it
 -- writes, whatever the statistics say. Rows are still locked in key order
 -- where they were.
@@ -134,10 +134,6 @@ CREATE OR REPLACE FUNCTION {{.S}}.wp_complete(
 RETURNS TABLE (category text, id uuid)
 LANGUAGE plpgsql
 SET enable_seqscan = off
--- (the rows are found by an index scan, which visits the keys in order, so
--- they are locked in key order as every other writer locks them; a bitmap
--- scan would lock them in table order)
-SET enable_bitmapscan = off
 SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $fn$
@@ -152,12 +148,19 @@ DECLARE
     x_parts   integer[];
     v_parts   integer[] := '{}';
     v_scats   text[] := '{}';
+    v_bitmap  text := current_setting('enable_bitmapscan');
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_categories) OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_attempts) THEN
         RAISE EXCEPTION 'workpump: wp_complete: argument arrays differ in length' USING ERRCODE = '22023';
     END IF;
 {{- range .Cats}}
     IF '{{.Name}}' = ANY (p_categories) THEN
+        -- The rows are found by an index scan, which visits the keys in
+        -- order, so they are locked in key order as every other writer
+        -- locks them (a bitmap scan would lock them in table order). The
+        -- setting is in force while this statement is planned (its plan is
+        -- kept) and set back before the settle below plans its own.
+        PERFORM set_config('enable_bitmapscan', 'off', true);
         WITH r AS MATERIALIZED (
             SELECT u.k, u.att FROM unnest(p_categories, p_ids, p_attempts) AS u(cat, k, att)
              WHERE u.cat = '{{.Name}}' ORDER BY u.k),
@@ -180,6 +183,7 @@ BEGIN
         SELECT array_agg(d.k), array_agg(d.stream_id) FILTER (WHERE d.stream_id <> ''),
                array_agg(d.partition_number) FILTER (WHERE d.stream_id <> '')
           INTO x_ids, x_streams, x_parts FROM d;
+        PERFORM set_config('enable_bitmapscan', v_bitmap, true);
         IF x_ids IS NOT NULL THEN
             v_cat := v_cat || array_fill('{{.Name}}'::text, ARRAY[cardinality(x_ids)]);
             v_ids := v_ids || x_ids;
