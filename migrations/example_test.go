@@ -42,6 +42,7 @@ func ExampleRender() {
 	// 0019_lean_claims: creates wp_ objects in "shop": true
 	// 0020_wake_owner: creates wp_ objects in "shop": true
 	// 0021_join_free_writes: creates wp_ objects in "shop": true
+	// 0022_dead_letter_lock_order: creates wp_ objects in "shop": true
 	// true
 }
 

@@ -85,7 +85,7 @@ func Example_pgxApplication() {
 	}
 	fmt.Println("outbox rows left:", st.Categories[workpump.Outbox].Ready+st.Categories[workpump.Outbox].Leased)
 	// Output:
-	// schema versions applied: [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21]
+	// schema versions applied: [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22]
 	// published: OrderPlaced {"order":"order-1001"} on stream order-1001 (attempt 1)
 	// outbox rows left: 0
 }

@@ -521,3 +521,112 @@ func waitBlockedBy(t *testing.T, pool *pgxpool.Pool, text string, holder uint32,
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestDeadLetterRetryLocksStreamsInStreamOrder: a retry of dead letters
+// runs held items again in their place and enqueues the others again, and
+// both lock their streams' lock rows as an enqueue does. It must take all
+// of them in one stream order: a retry that locked the held streams first
+// and the re-enqueued ones after would, while it waits for stream a (an
+// open enqueue holds it), hold stream b, and an enqueue to a and b that
+// holds a waits for b: a deadlock. Stream b's item is held by its dead
+// letter, stream a's is not; a session holds a's lock row, and while the
+// retry waits for it, b's lock row must be free.
+func TestDeadLetterRetryLocksStreamsInStreamOrder(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	sch := pgx.Identifier{schema}.Sanitize()
+	c := mustNew(t, pool, Options{Schema: schema})
+	inst := uuid.New()
+	register(t, c, inst)
+
+	ids := map[string]uuid.UUID{}
+	for _, s := range []string{"b", "a"} {
+		w := outbox(s)
+		w.ID = uuid.New()
+		ids[s] = w.ID
+		if _, err := c.Enqueue(ctx, []driver.NewWork{w}); err != nil {
+			t.Fatal(err)
+		}
+		got := claimAll(t, c, inst)
+		if len(got) != 1 || got[0].ID != w.ID {
+			t.Fatalf("claim of stream %s: %+v", s, got)
+		}
+		f := driver.Failure{Ref: got[0].Ref(), Error: "gave up", Permanent: true, HoldStream: s == "b"}
+		if ack, err := c.Fail(ctx, driver.FailRequest{InstanceID: inst, Failures: []driver.Failure{f}, MaxAttempts: 5,
+			RetryBase: time.Second, RetryMax: time.Second}); err != nil || ack.Applied != 1 {
+			t.Fatalf("Fail of stream %s: %+v, %v", s, ack, err)
+		}
+	}
+	var held int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+sch+`.wp_outbox WHERE scheduled_for = $1 AND message_id = $2`, driver.HeldUntil, ids["b"]).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 1 {
+		t.Fatalf("%d held rows, want stream b's", held)
+	}
+
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	var holderPID uint32
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
+		t.Fatal(err)
+	}
+	q := `SELECT 1 FROM ` + sch + `.wp_stream_locks WHERE stream_id = $1 FOR NO KEY UPDATE`
+	if tag, err := holder.Exec(ctx, q, "a"); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("lock of stream a's lock row: %v, %v", tag, err)
+	}
+
+	type retried struct {
+		res driver.DeadLetterActionResult
+		err error
+	}
+	done := make(chan retried, 1)
+	go func() {
+		res, err := c.RetryDeadLetters(ctx, driver.DeadLetterAction{All: true})
+		done <- retried{res, err}
+	}()
+	waitBlockedBy(t, pool, "wp_act_on_dead_letters", holderPID, "stream a's lock row", func() {
+		select {
+		case r := <-done:
+			t.Fatalf("the retry returned while stream a's lock row was locked: %+v, %v", r.res, r.err)
+		default:
+		}
+	})
+
+	probe, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = probe.Exec(ctx, q+" NOWAIT", "b")
+	_ = probe.Rollback(ctx)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		t.Fatal("while waiting for stream a's lock row the retry holds stream b's: it locks out of stream order and can deadlock with an enqueue to both")
+	} else if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("retry: %v", r.err)
+	}
+	if r.res.Matched != 2 || len(r.res.Done) != 2 || len(r.res.InUse) != 0 {
+		t.Fatalf("retry: %+v, want both dead letters retried", r.res)
+	}
+	// Both items are ready again at attempt 0, and no dead letter is left.
+	var ready, dead int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE scheduled_for IS NULL AND attempts = 0 AND instance_id IS NULL AND message_id = ANY ($1)),
+		(SELECT count(*) FROM `+sch+`.wp_dead_letters) FROM `+sch+`.wp_outbox`, []uuid.UUID{ids["a"], ids["b"]}).Scan(&ready, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if ready != 2 || dead != 0 {
+		t.Fatalf("after the retry: %d of 2 items ready at attempt 0, %d dead letters left", ready, dead)
+	}
+}
