@@ -102,17 +102,8 @@ func TestClaimLocksStreamOwnershipInStreamOrder(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	probe, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = probe.Exec(ctx, q+" NOWAIT", "b")
-	_ = probe.Rollback(ctx)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+	if locked(t, pool, q, "b") {
 		t.Fatal("while waiting for stream a's ownership row the claim holds stream b's: it locks out of stream order and can deadlock with a settle")
-	} else if err != nil {
-		t.Fatal(err)
 	}
 
 	if err := holder.Commit(ctx); err != nil {
@@ -597,17 +588,8 @@ func TestDeadLetterRetryLocksStreamsInStreamOrder(t *testing.T) {
 		}
 	})
 
-	probe, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = probe.Exec(ctx, q+" NOWAIT", "b")
-	_ = probe.Rollback(ctx)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+	if locked(t, pool, q, "b") {
 		t.Fatal("while waiting for stream a's lock row the retry holds stream b's: it locks out of stream order and can deadlock with an enqueue to both")
-	} else if err != nil {
-		t.Fatal(err)
 	}
 
 	if err := holder.Commit(ctx); err != nil {
@@ -629,4 +611,25 @@ func TestDeadLetterRetryLocksStreamsInStreamOrder(t *testing.T) {
 	if ready != 2 || dead != 0 {
 		t.Fatalf("after the retry: %d of 2 items ready at attempt 0, %d dead letters left", ready, dead)
 	}
+}
+
+// locked reports whether another session holds a lock on the row that
+// lockRow (a SELECT ... FOR UPDATE or FOR NO KEY UPDATE with one argument)
+// selects for arg: it tries the same lock with NOWAIT and gives it back.
+func locked(t *testing.T, pool *pgxpool.Pool, lockRow string, arg any) bool {
+	t.Helper()
+	ctx := context.Background()
+	probe, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = probe.Exec(ctx, lockRow+" NOWAIT", arg)
+	_ = probe.Rollback(ctx)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return true
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return false
 }
