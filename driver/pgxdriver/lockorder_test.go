@@ -531,31 +531,7 @@ func TestDeadLetterRetryLocksStreamsInStreamOrder(t *testing.T) {
 	inst := uuid.New()
 	register(t, c, inst)
 
-	ids := map[string]uuid.UUID{}
-	for _, s := range []string{"b", "a"} {
-		w := outbox(s)
-		w.ID = uuid.New()
-		ids[s] = w.ID
-		if _, err := c.Enqueue(ctx, []driver.NewWork{w}); err != nil {
-			t.Fatal(err)
-		}
-		got := claimAll(t, c, inst)
-		if len(got) != 1 || got[0].ID != w.ID {
-			t.Fatalf("claim of stream %s: %+v", s, got)
-		}
-		f := driver.Failure{Ref: got[0].Ref(), Error: "gave up", Permanent: true, HoldStream: s == "b"}
-		if ack, err := c.Fail(ctx, driver.FailRequest{InstanceID: inst, Failures: []driver.Failure{f}, MaxAttempts: 5,
-			RetryBase: time.Second, RetryMax: time.Second}); err != nil || ack.Applied != 1 {
-			t.Fatalf("Fail of stream %s: %+v, %v", s, ack, err)
-		}
-	}
-	var held int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+sch+`.wp_outbox WHERE scheduled_for = $1 AND message_id = $2`, driver.HeldUntil, ids["b"]).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held != 1 {
-		t.Fatalf("%d held rows, want stream b's", held)
-	}
+	ids := deadLettersOfAAndHeldB(t, c, inst)
 
 	holder, err := pool.Begin(ctx)
 	if err != nil {
@@ -602,15 +578,7 @@ func TestDeadLetterRetryLocksStreamsInStreamOrder(t *testing.T) {
 	if r.res.Matched != 2 || len(r.res.Done) != 2 || len(r.res.InUse) != 0 {
 		t.Fatalf("retry: %+v, want both dead letters retried", r.res)
 	}
-	// Both items are ready again at attempt 0, and no dead letter is left.
-	var ready, dead int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE scheduled_for IS NULL AND attempts = 0 AND instance_id IS NULL AND message_id = ANY ($1)),
-		(SELECT count(*) FROM `+sch+`.wp_dead_letters) FROM `+sch+`.wp_outbox`, []uuid.UUID{ids["a"], ids["b"]}).Scan(&ready, &dead); err != nil {
-		t.Fatal(err)
-	}
-	if ready != 2 || dead != 0 {
-		t.Fatalf("after the retry: %d of 2 items ready at attempt 0, %d dead letters left", ready, dead)
-	}
+	wantRetried(t, c, ids)
 }
 
 // locked reports whether another session holds a lock on the row that
@@ -632,4 +600,126 @@ func locked(t *testing.T, pool *pgxpool.Pool, lockRow string, arg any) bool {
 		t.Fatal(err)
 	}
 	return false
+}
+
+// deadLettersOfAAndHeldB dead-letters one item of stream b, which then
+// holds its stream, and then one of stream a, which does not; it returns
+// their ids by stream.
+func deadLettersOfAAndHeldB(t *testing.T, c *Coordinator, inst uuid.UUID) map[string]uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	sch := pgx.Identifier{c.Schema()}.Sanitize()
+	ids := map[string]uuid.UUID{}
+	for _, s := range []string{"b", "a"} {
+		w := outbox(s)
+		w.ID = uuid.New()
+		ids[s] = w.ID
+		if _, err := c.Enqueue(ctx, []driver.NewWork{w}); err != nil {
+			t.Fatal(err)
+		}
+		got := claimAll(t, c, inst)
+		if len(got) != 1 || got[0].ID != w.ID {
+			t.Fatalf("claim of stream %s: %+v", s, got)
+		}
+		f := driver.Failure{Ref: got[0].Ref(), Error: "gave up", Permanent: true, HoldStream: s == "b"}
+		if ack, err := c.Fail(ctx, driver.FailRequest{InstanceID: inst, Failures: []driver.Failure{f}, MaxAttempts: 5,
+			RetryBase: time.Second, RetryMax: time.Second}); err != nil || ack.Applied != 1 {
+			t.Fatalf("Fail of stream %s: %+v, %v", s, ack, err)
+		}
+	}
+	var held int
+	if err := c.Pool().QueryRow(ctx, `SELECT count(*) FROM `+sch+`.wp_outbox WHERE scheduled_for = $1 AND message_id = $2`, driver.HeldUntil, ids["b"]).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 1 {
+		t.Fatalf("%d held rows, want stream b's", held)
+	}
+	return ids
+}
+
+// wantRetried checks that the items of ids are ready again at attempt 0
+// and that no dead letter is left.
+func wantRetried(t *testing.T, c *Coordinator, ids map[string]uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	sch := pgx.Identifier{c.Schema()}.Sanitize()
+	// Both items are ready again at attempt 0, and no dead letter is left.
+	var ready, dead int
+	if err := c.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE scheduled_for IS NULL AND attempts = 0 AND instance_id IS NULL AND message_id = ANY ($1)),
+		(SELECT count(*) FROM `+sch+`.wp_dead_letters) FROM `+sch+`.wp_outbox`, []uuid.UUID{ids["a"], ids["b"]}).Scan(&ready, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if ready != 2 || dead != 0 {
+		t.Fatalf("after the retry: %d of 2 items ready at attempt 0, %d dead letters left", ready, dead)
+	}
+}
+
+// TestDeadLetterRetryRunsAgainAfterLosingADeadlock: a retry that Postgres
+// rolls back to break a deadlock changed nothing, and the driver runs it
+// again, as it runs again every call in a transaction of its own. A
+// session holds stream a's lock row; once the retry (holding the dead
+// letters it matched) waits for it, the session asks for the dead letters:
+// the cycle, which Postgres breaks by rolling the retry back (the
+// session's deadlock_timeout is long, so the retry is the one checked).
+func TestDeadLetterRetryRunsAgainAfterLosingADeadlock(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	schema := pgtest.CleanSchema(t)
+	sch := pgx.Identifier{schema}.Sanitize()
+	c := mustNew(t, pool, Options{Schema: schema})
+	inst := uuid.New()
+	register(t, c, inst)
+	ids := deadLettersOfAAndHeldB(t, c, inst)
+
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		t.Fatal(err)
+	}
+	var holderPID uint32
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
+		t.Fatal(err)
+	}
+	if tag, err := holder.Exec(ctx, `SELECT 1 FROM `+sch+`.wp_stream_locks WHERE stream_id = 'a' FOR NO KEY UPDATE`); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("lock of stream a's lock row: %v, %v", tag, err)
+	}
+	type retried struct {
+		res driver.DeadLetterActionResult
+		err error
+	}
+	done := make(chan retried, 1)
+	go func() {
+		res, err := c.RetryDeadLetters(ctx, driver.DeadLetterAction{All: true})
+		done <- retried{res, err}
+	}()
+	waitBlockedBy(t, pool, "wp_act_on_dead_letters", holderPID, "stream a's lock row", func() {
+		select {
+		case r := <-done:
+			t.Fatalf("the retry returned while stream a's lock row was locked: %+v, %v", r.res, r.err)
+		default:
+		}
+	})
+	// Closes the cycle; returns once Postgres has rolled the retry back and
+	// its locks on the dead letters are gone.
+	var n int
+	if err := holder.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+sch+`.wp_dead_letters FOR UPDATE) x`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("the session locked %d dead letters, want the two the rolled-back retry had locked", n)
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("the retry after it lost a deadlock: %v", r.err)
+	}
+	if r.res.Matched != 2 || len(r.res.Done) != 2 || len(r.res.InUse) != 0 {
+		t.Fatalf("retry: %+v, want both dead letters retried", r.res)
+	}
+	wantRetried(t, c, ids)
 }

@@ -9,7 +9,13 @@
 -- stream of the second pass it held streams of the first, and an enqueue
 -- to streams of both (locked in one sorted pass) could hold the stream the
 -- retry waited for and wait for one the retry held. Now every stream an
--- action writes to is locked in one call before any row is written.
+-- action writes to is locked in one call (wp_enqueue_prepare) before any
+-- row is written, as one enqueue to them locks them. That call, like an
+-- enqueue, locks the lock rows that exist in stream order and then
+-- creates and locks the missing ones, so while a lock row is created
+-- beside it (a stream's first enqueue, or the first after a purge) it can
+-- still deadlock with an enqueue, as two enqueues can; the drivers run an
+-- action Postgres rolled back again.
 
 -- wp_act_on_dead_letters (version 22: streams locked once, in stream order)
 -- retries
@@ -33,10 +39,9 @@
 -- A discard of one removes its held row too, and the rest of its stream
 -- goes on. Either wakes the stream's claimer (through wp_enqueue_prepare,
 -- which locks the stream and notifies as an enqueue does). An action locks
--- every stream it writes to in one call, in stream order, before it writes
--- a row, as an enqueue to those streams does, so it cannot deadlock with
--- one: a retry that locked held streams and then re-enqueued ones would
--- hold the first while it waits for the second.
+-- every stream it writes to in one call, before it writes a row, as one
+-- enqueue to those streams does: a retry that locked held streams and then
+-- re-enqueued ones would hold the first while it waits for the second.
 -- When one id has several dead letters in a category, the latest is
 -- retried and all are removed. The matched dead letters are locked first,
 -- so a concurrent action on one of them waits, then finds it gone. Test
