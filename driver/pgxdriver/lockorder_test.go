@@ -532,37 +532,8 @@ func TestDeadLetterRetryLocksStreamsInStreamOrder(t *testing.T) {
 	register(t, c, inst)
 
 	ids := deadLettersOfAAndHeldB(t, c, inst)
-
-	holder, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx)
-	var holderPID uint32
-	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
-		t.Fatal(err)
-	}
+	holder, done := retryWaitingForLockRowA(t, c, "")
 	q := `SELECT 1 FROM ` + sch + `.wp_stream_locks WHERE stream_id = $1 FOR NO KEY UPDATE`
-	if tag, err := holder.Exec(ctx, q, "a"); err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("lock of stream a's lock row: %v, %v", tag, err)
-	}
-
-	type retried struct {
-		res driver.DeadLetterActionResult
-		err error
-	}
-	done := make(chan retried, 1)
-	go func() {
-		res, err := c.RetryDeadLetters(ctx, driver.DeadLetterAction{All: true})
-		done <- retried{res, err}
-	}()
-	waitBlockedBy(t, pool, "wp_act_on_dead_letters", holderPID, "stream a's lock row", func() {
-		select {
-		case r := <-done:
-			t.Fatalf("the retry returned while stream a's lock row was locked: %+v, %v", r.res, r.err)
-		default:
-		}
-	})
 
 	if locked(t, pool, q, "b") {
 		t.Fatal("while waiting for stream a's lock row the retry holds stream b's: it locks out of stream order and can deadlock with an enqueue to both")
@@ -670,38 +641,7 @@ func TestDeadLetterRetryRunsAgainAfterLosingADeadlock(t *testing.T) {
 	inst := uuid.New()
 	register(t, c, inst)
 	ids := deadLettersOfAAndHeldB(t, c, inst)
-
-	holder, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-		t.Fatal(err)
-	}
-	var holderPID uint32
-	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
-		t.Fatal(err)
-	}
-	if tag, err := holder.Exec(ctx, `SELECT 1 FROM `+sch+`.wp_stream_locks WHERE stream_id = 'a' FOR NO KEY UPDATE`); err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("lock of stream a's lock row: %v, %v", tag, err)
-	}
-	type retried struct {
-		res driver.DeadLetterActionResult
-		err error
-	}
-	done := make(chan retried, 1)
-	go func() {
-		res, err := c.RetryDeadLetters(ctx, driver.DeadLetterAction{All: true})
-		done <- retried{res, err}
-	}()
-	waitBlockedBy(t, pool, "wp_act_on_dead_letters", holderPID, "stream a's lock row", func() {
-		select {
-		case r := <-done:
-			t.Fatalf("the retry returned while stream a's lock row was locked: %+v, %v", r.res, r.err)
-		default:
-		}
-	})
+	holder, done := retryWaitingForLockRowA(t, c, "60s")
 	// Closes the cycle; returns once Postgres has rolled the retry back and
 	// its locks on the dead letters are gone.
 	var n int
@@ -722,4 +662,51 @@ func TestDeadLetterRetryRunsAgainAfterLosingADeadlock(t *testing.T) {
 		t.Fatalf("retry: %+v, want both dead letters retried", r.res)
 	}
 	wantRetried(t, c, ids)
+}
+
+type retried struct {
+	res driver.DeadLetterActionResult
+	err error
+}
+
+// retryWaitingForLockRowA locks stream a's lock row in a transaction of
+// its own (with that transaction's deadlock_timeout set, unless empty),
+// starts a retry of every dead letter, and returns once the retry waits
+// for that row: the holding transaction, and where the retry's outcome
+// arrives.
+func retryWaitingForLockRowA(t *testing.T, c *Coordinator, deadlockTimeout string) (pgx.Tx, <-chan retried) {
+	t.Helper()
+	ctx := context.Background()
+	pool := c.Pool()
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Rollback(ctx) })
+	if deadlockTimeout != "" {
+		if _, err := holder.Exec(ctx, `SELECT set_config('deadlock_timeout', $1, true)`, deadlockTimeout); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var holderPID uint32
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
+		t.Fatal(err)
+	}
+	q := `SELECT 1 FROM ` + pgx.Identifier{c.Schema()}.Sanitize() + `.wp_stream_locks WHERE stream_id = 'a' FOR NO KEY UPDATE`
+	if tag, err := holder.Exec(ctx, q); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("lock of stream a's lock row: %v, %v", tag, err)
+	}
+	done := make(chan retried, 1)
+	go func() {
+		res, err := c.RetryDeadLetters(ctx, driver.DeadLetterAction{All: true})
+		done <- retried{res, err}
+	}()
+	waitBlockedBy(t, pool, "wp_act_on_dead_letters", holderPID, "stream a's lock row", func() {
+		select {
+		case r := <-done:
+			t.Fatalf("the retry returned while stream a's lock row was locked: %+v, %v", r.res, r.err)
+		default:
+		}
+	})
+	return holder, done
 }
