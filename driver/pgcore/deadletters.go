@@ -128,7 +128,7 @@ func (c *Core) actOnDead(ctx context.Context, op, action string, a driver.DeadLe
 	// its own does (againIfRolledBack).
 	for try := 1; ; try++ {
 		res, err := c.actOnDeadOnce(ctx, op, args)
-		if code, _ := SQLState(err); (code == "40001" || code == "40P01") && try < 5 && ctx.Err() == nil {
+		if rolledBack(err) && try < 5 && ctx.Err() == nil {
 			continue
 		}
 		return res, err

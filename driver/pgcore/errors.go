@@ -91,10 +91,18 @@ func againIfRolledBack[T any](ctx context.Context, f func() (T, error)) (T, erro
 		if err == nil || run == rolledBackRuns || ctx.Err() != nil {
 			return v, err
 		}
-		if code, _ := SQLState(err); code != "40P01" && code != "40001" {
+		if !rolledBack(err) {
 			return v, err
 		}
 	}
+}
+
+// rolledBack reports whether err says the database rolled the call's
+// transaction back to break a deadlock (40P01) or a serialization conflict
+// (40001): the call applied nothing.
+func rolledBack(err error) bool {
+	code, _ := SQLState(err)
+	return code == "40P01" || code == "40001"
 }
 
 // isUndefinedTable reports whether err says the table or schema does not
