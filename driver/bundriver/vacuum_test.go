@@ -62,8 +62,18 @@ func TestVacuumCountsOtherSessionsRows(t *testing.T) {
 			// Another session deletes 425 of them: 425 changes, and as many
 			// dead row versions, which this coordinator's first reading
 			// counts as the changes since the table's last vacuum.
-			other := pgtest.Pool(t)
+			other, err := pgtest.Pool(t).Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Release()
 			if _, err := other.Exec(ctx, fmt.Sprintf(`DELETE FROM %q.wp_inbox WHERE seq > (SELECT min(seq) + 24 FROM %q.wp_inbox)`, schema, schema)); err != nil {
+				t.Fatal(err)
+			}
+			// A session hands its statistics on when it goes idle, and
+			// under load it may put that off for up to a minute; forced,
+			// the next report (when this statement ends) hands them on.
+			if _, err := other.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 				t.Fatal(err)
 			}
 			pgtest.WaitTableStat(t, schema, "wp_inbox", "pg_stat_get_dead_tuples($1)", 400)
